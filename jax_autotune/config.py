@@ -1,0 +1,217 @@
+"""Configuration: every user-facing setting, where it comes from, and its checks.
+
+Precedence, highest first: ``config.update(name, value)`` > environment variable >
+config file > default. The file is the nearest ``jax_autotune.toml`` (top-level keys) or
+``pyproject.toml`` with a ``[tool.jax_autotune]`` table, walking up from the working
+directory.
+
+    >>> from jax_autotune import config
+    >>> config.update("mode", "cached")
+    >>> config.get("mode")
+    'cached'
+
+| setting        | env var                        | default                          |
+|----------------|--------------------------------|----------------------------------|
+| level          | JAX_AUTOTUNE_LEVEL             | balanced                         |
+| cache          | JAX_AUTOTUNE_CACHE             | true (0 turns the disk store off)|
+| cache_dir      | JAX_AUTOTUNE_CACHE_DIR         | the user cache dir (platformdirs)|
+| environment    | JAX_AUTOTUNE_ENVIRONMENT       | default                          |
+| mode           | JAX_AUTOTUNE_MODE              | tune                             |
+| log_decisions  | JAX_AUTOTUNE_LOG_DECISIONS     | unset (stdout, stderr or a path) |
+| budget_seconds | JAX_AUTOTUNE_BUDGET_SECONDS    | 10.0 (per-key tuning budget)     |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+from jax_autotune.key import Level
+
+MODES = ("tune", "cached", "require", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A bad setting name or value; the message names it and what is allowed."""
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{name}: expected one of {_TRUE + _FALSE}, got {value!r}")
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        text = str(value.value if hasattr(value, "value") else value).strip().lower()
+        if text not in choices:
+            raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+        return text
+    return parse
+
+
+def _parse_environment(name: str, value: Any) -> str:
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text) or text.startswith("."):
+        raise ConfigError(f"{name}: expected a database name of letters, digits, '_', '.', '-' "
+                          f"(1-64 chars), got {value!r}")
+    return text
+
+
+def _parse_path(name: str, value: Any) -> str:
+    text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    if not text.strip():
+        raise ConfigError(f"{name}: expected a directory path, got an empty string")
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _parse_log(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text == "" or text.lower() in ("none", "0", "off"):
+        return None
+    if text in ("stdout", "stderr"):
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _parse_seconds(name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(f"{name}: expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _default_cache_dir() -> str:
+    import platformdirs
+    return platformdirs.user_cache_dir("jax_autotune", appauthor=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    parse: Callable[[str, Any], Any]
+    default: Callable[[], Any]
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("level", "JAX_AUTOTUNE_LEVEL", _parse_choice(tuple(l.value for l in Level)),
+            lambda: Level.BALANCED.value),
+    Setting("cache", "JAX_AUTOTUNE_CACHE", _parse_bool, lambda: True),
+    Setting("cache_dir", "JAX_AUTOTUNE_CACHE_DIR", _parse_path, _default_cache_dir),
+    Setting("environment", "JAX_AUTOTUNE_ENVIRONMENT", _parse_environment, lambda: "default"),
+    Setting("mode", "JAX_AUTOTUNE_MODE", _parse_choice(MODES), lambda: "tune"),
+    Setting("log_decisions", "JAX_AUTOTUNE_LOG_DECISIONS", _parse_log, lambda: None),
+    Setting("budget_seconds", "JAX_AUTOTUNE_BUDGET_SECONDS", _parse_seconds, lambda: 10.0),
+)}
+
+_lock = threading.Lock()
+_explicit: dict[str, Any] = {}
+_file_cache: dict[str, tuple[Path | None, dict[str, Any]]] = {}
+
+
+def _setting(name: str) -> Setting:
+    if name not in SETTINGS:
+        raise ConfigError(f"unknown setting {name!r}; allowed: {', '.join(SETTINGS)}")
+    return SETTINGS[name]
+
+
+def find_config_file(start: str | os.PathLike | None = None) -> tuple[Path | None, dict[str, Any]]:
+    """The nearest config file above ``start`` (default: cwd) and its jax_autotune table."""
+    directory = Path(start or os.getcwd()).resolve()
+    for folder in (directory, *directory.parents):
+        own = folder / "jax_autotune.toml"
+        if own.is_file():
+            return own, _read_toml(own)
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            table = _read_toml(pyproject).get("tool", {}).get("jax_autotune")
+            if table is not None:
+                if not isinstance(table, dict):
+                    raise ConfigError(f"{pyproject}: [tool.jax_autotune] must be a table")
+                return pyproject, table
+    return None, {}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read config file: {err}") from err
+
+
+def _file_values() -> tuple[Path | None, dict[str, Any]]:
+    cwd = os.getcwd()
+    with _lock:
+        if cwd not in _file_cache:
+            _file_cache[cwd] = find_config_file(cwd)
+        return _file_cache[cwd]
+
+
+def get(name: str) -> Any:
+    """The effective value of setting ``name`` (explicit > env > file > default)."""
+    return resolve(name)[0]
+
+
+def source(name: str) -> str:
+    """Where ``name``'s value comes from: 'explicit', 'env', a file path, or 'default'."""
+    return resolve(name)[1]
+
+
+def resolve(name: str) -> tuple[Any, str]:
+    setting = _setting(name)
+    with _lock:
+        if name in _explicit:
+            return _explicit[name], "explicit"
+    raw_env = os.environ.get(setting.env)
+    if raw_env is not None and raw_env != "":
+        return setting.parse(setting.env, raw_env), "env"
+    path, table = _file_values()
+    if table:
+        unknown = set(table) - set(SETTINGS)
+        if unknown:
+            raise ConfigError(f"{path}: unknown setting(s) {sorted(unknown)}; allowed: "
+                              f"{', '.join(SETTINGS)}")
+        if name in table:
+            return setting.parse(f"{path}: {name}", table[name]), str(path)
+    return setting.parse(name, setting.default()), "default"
+
+
+def update(name: str, value: Any) -> None:
+    """Set ``name`` for this process; ``None`` removes the explicit value again."""
+    setting = _setting(name)
+    with _lock:
+        if value is None:
+            _explicit.pop(name, None)
+        else:
+            _explicit[name] = setting.parse(name, value)
+
+
+def reset() -> None:
+    """Forget explicit values and cached config files (tests use this)."""
+    with _lock:
+        _explicit.clear()
+        _file_cache.clear()
+
+
+def snapshot() -> dict[str, Any]:
+    """Every setting's effective value."""
+    return {name: get(name) for name in SETTINGS}
