@@ -1,0 +1,343 @@
+"""Tests for the persistent tune store (jax_autotune/store.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from jax_autotune import config
+from jax_autotune.store import (JaxAutotuneStoreWarning, StoreEntry, TuneStore,
+                                decision_namespace, open_store, throughput_namespace)
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"
+NS2 = "autotune/0.1.0/0.10.2/gpu-test/matmul"
+TP = "throughput/0.1.0/cpu-test"
+
+
+@pytest.fixture
+def clean_config():
+    config.reset()
+    yield config
+    config.reset()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TuneStore(tmp_path / "cache" / "default.db")
+    yield s
+    s.close()
+
+
+def store_warnings(record) -> list:
+    return [w for w in record if issubclass(w.category, JaxAutotuneStoreWarning)]
+
+
+# -- basic behaviour ------------------------------------------------------------------
+
+
+def test_a_put_value_round_trips_through_a_fresh_store(tmp_path):
+    path = tmp_path / "cache" / "default.db"
+    value = {"winner": "xla_dot", "results": [{"name": "xla_dot", "us": [1.5, 1.25]}],
+             "limit": float("inf")}
+    s = TuneStore(path)
+    assert not path.exists()  # nothing on disk before the first write
+    s.put(NS, "key-1", "sum-1", value)
+    s.close()
+    assert path.is_file()
+    reopened = TuneStore(path)
+    assert reopened.get(NS, "key-1", "sum-1") == value
+    reopened.close()
+
+
+def test_the_database_is_in_wal_mode(store):
+    store.put(NS, "k", "c", {"x": 1})
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+
+
+def test_a_different_checksum_misses(store):
+    store.put(NS, "k", "c1", {"x": 1})
+    assert store.get(NS, "k", "c2") is None
+    assert store.get(NS, "k", "c1") == {"x": 1}
+
+
+def test_put_replaces_the_earlier_value_and_its_time(store):
+    store.put(NS, "k", "c", {"x": 1})
+    first = store.entries(NS)[0].updated
+    time.sleep(0.01)
+    store.put(NS, "k", "c", {"x": 2})
+    assert store.get(NS, "k", "c") == {"x": 2}
+    [entry] = store.entries(NS)
+    assert entry.value == {"x": 2} and entry.updated > first
+
+
+def test_namespaces_are_isolated(store):
+    store.put(NS, "k", "c", {"device": "cpu"})
+    store.put(NS2, "k", "c", {"device": "gpu"})
+    assert store.get(NS, "k", "c") == {"device": "cpu"}
+    assert store.get(NS2, "k", "c") == {"device": "gpu"}
+    assert store.get(TP, "k", "c") is None
+    assert store.namespaces() == sorted([NS, NS2])
+    assert [e.value for e in store.entries(NS2)] == [{"device": "gpu"}]
+
+
+def test_entries_are_store_entries_in_key_order(store):
+    store.put(NS, "b", "c", {"i": 2})
+    store.put(NS, "a", "c", {"i": 1})
+    entries = store.entries(NS)
+    assert all(isinstance(e, StoreEntry) for e in entries)
+    assert [(e.namespace, e.key, e.checksum, e.value) for e in entries] == [
+        (NS, "a", "c", {"i": 1}), (NS, "b", "c", {"i": 2})]
+
+
+def test_delete_by_namespace_removes_only_that_namespace(store):
+    store.put(NS, "k1", "c", {})
+    store.put(NS, "k2", "c", {})
+    store.put(NS2, "k1", "c", {})
+    assert store.delete(NS) == 2
+    assert store.get(NS, "k1", "c") is None
+    assert store.get(NS2, "k1", "c") == {}
+    assert store.namespaces() == [NS2]
+
+
+def test_delete_by_prefix_removes_every_matching_namespace(store):
+    store.put(NS, "k", "c", {})
+    store.put(NS2, "k", "c", {})
+    store.put(TP, "peaks", "c", {})
+    store.put("autotuneX/other", "k", "c", {})
+    assert store.delete(namespace_prefix="autotune/") == 2
+    assert store.namespaces() == ["autotuneX/other", TP]
+    assert len(store.entries(namespace_prefix="throughput/")) == 1
+
+
+def test_prefix_treats_sql_wildcards_literally(store):
+    store.put("a_b/x", "k", "c", {})
+    store.put("aXb/x", "k", "c", {})
+    assert [e.namespace for e in store.entries(namespace_prefix="a_b")] == ["a_b/x"]
+    assert store.delete(namespace_prefix="a%") == 0
+    assert len(store.entries()) == 2
+
+
+def test_delete_with_namespace_and_prefix_is_an_error(store):
+    with pytest.raises(ValueError):
+        store.delete(NS, namespace_prefix="autotune/")
+
+
+def test_reads_and_deletes_on_a_missing_file_do_not_create_it(tmp_path):
+    path = tmp_path / "nothing" / "default.db"
+    s = TuneStore(path)
+    assert s.get(NS, "k", "c") is None
+    assert s.entries() == [] and s.namespaces() == [] and s.delete() == 0
+    assert not path.parent.exists()
+    assert s.available
+
+
+def test_a_value_that_is_not_a_json_dict_is_rejected(store):
+    with pytest.raises(TypeError):
+        store.put(NS, "k", "c", ["not", "a", "dict"])
+    with pytest.raises(TypeError):
+        store.put(NS, "k", "c", {"x": object()})
+    assert store.get(NS, "k", "c") is None
+
+
+def test_a_memory_only_store_drops_writes(recwarn):
+    s = TuneStore(None)
+    s.put(NS, "k", "c", {"x": 1})
+    assert s.get(NS, "k", "c") is None
+    assert s.entries() == [] and s.namespaces() == [] and s.delete() == 0
+    assert s.path is None and s.available is False
+    assert store_warnings(recwarn) == []
+
+
+def test_namespace_helpers_carry_versions_and_fingerprint():
+    import jax
+
+    import jax_autotune
+    assert decision_namespace("cuda-H200") == (
+        f"autotune/{jax_autotune.__version__}/{jax.__version__}/cuda-H200/matmul")
+    assert throughput_namespace("cuda-H200") == f"throughput/{jax_autotune.__version__}/cuda-H200"
+    with pytest.raises(ValueError):
+        decision_namespace("a/b")
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+def test_open_store_is_memory_only_when_the_cache_is_off(clean_config, tmp_path):
+    config.update("cache_dir", tmp_path)
+    config.update("cache", False)
+    s = open_store()
+    s.put(NS, "k", "c", {"x": 1})
+    assert s.path is None and not s.available
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_open_store_uses_cache_dir_and_environment(clean_config, tmp_path):
+    config.update("cache_dir", tmp_path / "dir")
+    config.update("environment", "bench-1")
+    s = open_store()
+    assert s.path == tmp_path / "dir" / "bench-1.db"
+    s.put(NS, "k", "c", {"x": 1})
+    s.close()
+    assert (tmp_path / "dir" / "bench-1.db").is_file()
+    assert TuneStore(tmp_path / "dir" / "bench-1.db").get(NS, "k", "c") == {"x": 1}
+
+
+def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, monkeypatch):
+    monkeypatch.delenv("JAX_AUTOTUNE_ENVIRONMENT", raising=False)
+    monkeypatch.delenv("JAX_AUTOTUNE_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)  # no config file above
+    config.update("cache_dir", tmp_path)
+    assert open_store().path == tmp_path / "default.db"
+
+
+# -- concurrency ------------------------------------------------------------------------
+
+_WRITER = textwrap.dedent("""
+    import sys, time, os
+    from jax_autotune.store import TuneStore
+    path, worker, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    deadline = time.time() + 10
+    while not os.path.exists(go) and time.time() < deadline:
+        time.sleep(0.005)
+    s = TuneStore(path)
+    for i in range(50):
+        s.put("autotune/test/matmul", f"{worker}-{i}", "c", {"worker": worker, "i": i})
+    assert s.available, "store fell back to memory"
+""")
+
+
+def test_two_processes_writing_at_once_keep_every_row(tmp_path):
+    path = tmp_path / "shared" / "default.db"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "error"}
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), w, str(go)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in ("p0", "p1")]
+    time.sleep(0.3)
+    go.touch()  # both start writing together (the first also races to create the file)
+    for p in procs:
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+    s = TuneStore(path)
+    entries = s.entries("autotune/test/matmul")
+    assert len(entries) == 100
+    assert {(e.value["worker"], e.value["i"]) for e in entries} == {
+        (w, i) for w in ("p0", "p1") for i in range(50)}
+    assert all(e.key == f"{e.value['worker']}-{e.value['i']}" for e in entries)
+
+
+def test_many_threads_writing_at_once_keep_every_row(tmp_path):
+    s = TuneStore(tmp_path / "default.db")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def work(t: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(25):
+                s.put(NS, f"{t}-{i}", "c", {"t": t, "i": i})
+                assert s.get(NS, f"{t}-{i}", "c") == {"t": t, "i": i}
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JaxAutotuneStoreWarning)
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert s.available
+    assert len(s.entries(NS)) == 200
+    # A second store on the same file (another connection) sees them all too.
+    assert len(TuneStore(tmp_path / "default.db").entries(NS)) == 200
+
+
+# -- failures: warn once, then memory-only ----------------------------------------------
+
+
+def test_an_unwritable_directory_means_memory_only_with_one_warning(tmp_path, recwarn):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as root: chmod does not make the directory unwritable")
+        s = TuneStore(locked / "sub" / "default.db")
+        s.put(NS, "k", "c", {"x": 1})
+        s.put(NS, "k2", "c", {"x": 2})
+        assert s.get(NS, "k", "c") is None
+        assert s.entries() == []
+        assert not s.available
+        [w] = store_warnings(recwarn)
+        assert str(locked) in str(w.message) and "memory" in str(w.message)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_directory_that_cannot_be_created_means_memory_only_with_one_warning(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    s = TuneStore(blocker / "default.db")  # works as root too: mkdir under a file fails
+    with pytest.warns(JaxAutotuneStoreWarning) as record:
+        s.put(NS, "k", "c", {"x": 1})
+        s.put(NS, "k2", "c", {"x": 2})
+        assert s.get(NS, "k", "c") is None
+        assert s.namespaces() == [] and s.delete() == 0
+    assert len(store_warnings(record)) == 1
+    assert str(blocker) in str(record[0].message)
+    assert not s.available and s.path == blocker / "default.db"
+
+
+def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
+    path = tmp_path / "default.db"
+    garbage = b"this is not an sqlite database\x00\xff" * 200
+    path.write_bytes(garbage)
+    s = TuneStore(path)
+    with pytest.warns(JaxAutotuneStoreWarning) as record:
+        assert s.get(NS, "k", "c") is None
+        s.put(NS, "k", "c", {"x": 1})
+        assert s.get(NS, "k", "c") is None
+        assert s.entries() == []
+    assert len(store_warnings(record)) == 1
+    message = str(record[0].message)
+    assert str(path) in message and "not a database" in message and "memory" in message
+    assert not s.available
+    assert path.read_bytes() == garbage  # the user's file is left alone
+
+
+def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
+    store.put(NS, "good", "c", {"x": 1})
+    with sqlite3.connect(store.path) as raw:
+        raw.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", (NS, "bad", "c", "{not json", 0.0))
+        raw.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", (NS, "list", "c", "[1, 2]", 0.0))
+    with pytest.warns(JaxAutotuneStoreWarning) as record:
+        assert store.get(NS, "bad", "c") is None
+        assert store.get(NS, "list", "c") is None
+        assert [e.key for e in store.entries(NS)] == ["good"]
+    assert len(store_warnings(record)) == 1
+    assert "bad" in str(record[0].message)
+    # A bad row does not turn the disk off.
+    assert store.available
+    store.put(NS, "bad", "c", {"fixed": True})
+    assert store.get(NS, "bad", "c") == {"fixed": True}
+
+
+def test_values_are_stored_as_plain_json_text(store):
+    store.put(NS, "k", "c", {"b": [1, 2.5], "a": "x"})
+    with sqlite3.connect(store.path) as raw:
+        [(text, kind)] = raw.execute("SELECT value, typeof(value) FROM entries").fetchall()
+    assert kind == "text" and json.loads(text) == {"a": "x", "b": [1, 2.5]}
