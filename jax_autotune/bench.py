@@ -1,0 +1,191 @@
+"""The adaptive benchmark of one key: compile, check, sample, prune, short-circuit.
+
+For each round of the plan (see ``plan``), with XLA's dot as the baseline:
+
+1. compile the round's candidates in parallel threads (``Timer.prepare``);
+2. run each once (the warm-up) and compare its output with the reference: a wrong
+   result is recorded as ``wrong_result`` and never timed;
+3. sample candidates one after another, cheapest estimated cost first, XLA's dot
+   first of all: the first sample is discarded, then 3 to 10 are kept; a candidate
+   stops early once its kept samples are stable (median within 3% of the best);
+4. pruning: after 3 kept samples a candidate whose best is over 1.5x the best so far
+   is dropped (``pruned``), unless that would leave fewer than two measured survivors;
+5. short-circuit: the first candidate with 2 samples inside the roofline limit ends
+   the whole tuning; candidates not yet sampled are ``skipped``;
+6. the per-key budget ends tuning with the best so far (the rest ``skipped``).
+
+The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
+SCORE, the median of its kept samples. Every constant is in ``rules.TuningRules``.
+
+    >>> bench = KeyBenchmark(problem, inputs, reference, timer, limit=bounds.limit)
+    >>> bench.run_round(plan.baseline, round.candidates, label="gemm/2")
+    True
+    >>> bench.winner()
+    'native_gemm_avx2_6x16_t2'
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jax_autotune.candidates import Candidate
+from jax_autotune.correctness import check
+from jax_autotune.decision import CandidateResult
+from jax_autotune.key import MatmulProblem
+from jax_autotune.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.timing import Measurement, Timer
+
+_RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
+                     "shared memory", "smem", "too many resources")
+
+
+def classify_error(error: BaseException, stage: str) -> str:
+    """``resource_exhausted`` for memory / shared-memory overflows, else the stage's error."""
+    text = f"{type(error).__name__}: {error}".lower()
+    if any(marker in text for marker in _RESOURCE_MARKERS):
+        return "resource_exhausted"
+    return "compile_error" if stage == "compile" else "runtime_error"
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+class KeyBenchmark:
+    """Benchmarks candidates of one problem across rounds; keeps every result."""
+
+    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference: np.ndarray,
+                 timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
+                 clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf):
+        self.problem, self.inputs, self.reference = problem, inputs, reference
+        self.timer, self.limit, self.rules, self.clock = timer, limit, rules, clock
+        self.deadline = clock() + budget_seconds
+        self.results: dict[str, CandidateResult] = {}
+        self.finished = False  # short-circuit or budget: no more rounds
+        self.finish_reason = ""
+        self._best = math.inf  # best single sample so far, for pruning
+
+    # ---------------------------------------------------------------- public
+    def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
+                  label: str = "") -> bool:
+        """Benchmark the baseline (once) and the round's candidates.
+
+        True when one of the round's own candidates produced a valid (``ok``) result.
+        """
+        fresh = [c for c in (baseline, *candidates) if c.name not in self.results]
+        if self.finished:
+            for c in fresh:
+                self._record(c.name, "skipped", label, error=self.finish_reason)
+            return False
+        prepared = self._compile_all(fresh, label)
+        prepared.sort(key=lambda item: self._order(item[0], baseline))
+        for candidate, measurement in prepared:
+            if self.finished:
+                self._record(candidate.name, "skipped", label, error=self.finish_reason)
+            elif self.clock() > self.deadline:
+                self._finish("budget")
+                self._record(candidate.name, "skipped", label, error="budget")
+            else:
+                self._measure(candidate, measurement, label)
+        return any(self.results[c.name].outcome == "ok" for c in candidates)
+
+    def winner(self) -> str | None:
+        eligible = [r for r in self.results.values() if r.eligible]
+        if not eligible:
+            return None
+        return min(eligible, key=lambda r: r.score).name
+
+    # ---------------------------------------------------------------- steps
+    def _order(self, candidate: Candidate, baseline: Candidate):
+        # the baseline first (it sets the pruning bar), then by estimated cost
+        if candidate is baseline:
+            return (0, 0.0)
+        cost = candidate.cost(self.problem) if candidate.cost else math.inf
+        return (1, cost)
+
+    def _compile_all(self, candidates: Sequence[Candidate], label: str):
+        """Compile in parallel; returns (candidate, measurement) for those that compiled."""
+        def prepare(candidate):
+            try:
+                return candidate, self.timer.prepare(candidate, self.problem, self.inputs), None
+            except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
+                return candidate, None, err
+
+        workers = max(1, min(self.rules.compile_threads, len(candidates)))
+        if workers == 1:
+            outcomes = [prepare(c) for c in candidates]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                outcomes = list(pool.map(prepare, candidates))
+        prepared = []
+        for candidate, measurement, error in outcomes:
+            if error is not None:
+                self._record(candidate.name, classify_error(error, "compile"), label,
+                             error=_short(error))
+            else:
+                prepared.append((candidate, measurement))
+        return prepared
+
+    def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
+        rules = self.rules
+        try:
+            verdict = check(measurement.output(), self.reference, self.problem)
+        except Exception as err:  # noqa: BLE001
+            self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
+            return
+        if not verdict.ok:
+            self._record(candidate.name, "wrong_result", label, rel_error=verdict.rel_error,
+                         error=f"relative error {verdict.rel_error:.3g} > {verdict.tolerance:.3g}")
+            return
+        kept: list[float] = []
+        taken = in_bound = 0
+        pruned = False
+        try:
+            while len(kept) < rules.max_samples:
+                seconds = measurement.sample()
+                taken += 1
+                if taken <= rules.discard_first:
+                    continue
+                if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+                    self._record(candidate.name, "no_timing", label, rel_error=verdict.rel_error,
+                                 error=f"sample {seconds!r} is not a positive time")
+                    return
+                kept.append(seconds)
+                if self.limit is not None and seconds <= self.limit:
+                    in_bound += 1
+                    if in_bound >= rules.short_circuit_hits:
+                        self._finish(f"short-circuit: {candidate.name} within the roofline limit")
+                        break
+                if len(kept) >= rules.min_samples:
+                    if min(kept) > rules.prune_ratio * self._best and self._survivors() >= rules.keep_at_least:
+                        pruned = True
+                        break
+                    if statistics.median(kept) <= min(kept) * (1 + rules.stable_spread):
+                        break
+                if self.clock() > self.deadline:
+                    self._finish("budget")
+                    break
+        except Exception as err:  # noqa: BLE001
+            self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
+            return
+        self._best = min(self._best, min(kept)) if kept else self._best
+        self._record(candidate.name, "ok", label, samples=kept,
+                     score=statistics.median(kept) if kept else None, pruned=pruned,
+                     rel_error=verdict.rel_error)
+
+    def _survivors(self) -> int:
+        return sum(1 for r in self.results.values() if r.eligible)
+
+    def _finish(self, reason: str) -> None:
+        if not self.finished:
+            self.finished, self.finish_reason = True, reason
+
+    def _record(self, name: str, outcome: str, label: str, **fields) -> None:
+        self.results[name] = CandidateResult(name=name, outcome=outcome, round=label, **fields)

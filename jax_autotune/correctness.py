@@ -1,0 +1,94 @@
+"""Correctness gating: every candidate's output is compared with a reference first.
+
+The reference is float64 on the host for problems up to ``HOST_REFERENCE_MAX_MACS``
+multiply-adds, else XLA's dot at HIGHEST precision on the device, accumulated in f32.
+The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes.
+
+    >>> ref = reference(problem, lhs, rhs)
+    >>> check(out, ref, problem)
+    Check(ok=True, rel_error=3.1e-07, tolerance=2e-05)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jax_autotune.key import MatmulProblem, Precision
+from jax_autotune.timing import as_numpy
+
+HOST_REFERENCE_MAX_MACS = 2**31
+
+# tolerance by input dtype at each precision (norm-wise relative error)
+_INPUT_TOLERANCE = {
+    "float64": {Precision.DEFAULT: 1e-10, Precision.HIGH: 1e-10, Precision.HIGHEST: 1e-10},
+    # f32 DEFAULT and HIGH may use TF32 / bf16x3 on GPUs, as XLA does
+    "float32": {Precision.DEFAULT: 5e-3, Precision.HIGH: 5e-3, Precision.HIGHEST: 2e-5},
+    "float16": dict.fromkeys(Precision, 1e-2),
+    "bfloat16": dict.fromkeys(Precision, 3e-2),
+}
+# rounding of the result alone
+_OUTPUT_TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+_DEFAULT_FLOAT_TOLERANCE = 3e-2  # float8 and other narrow types
+
+
+def tolerance(problem: MatmulProblem) -> float:
+    """Allowed norm-wise relative error; 0 for integer results (exact)."""
+    dtypes = (problem.lhs_dtype, problem.rhs_dtype)
+    if all(np.issubdtype(np.dtype(_np_name(d)), np.integer) for d in dtypes):
+        return 0.0
+    by_input = max(_INPUT_TOLERANCE.get(d, {}).get(problem.precision, _DEFAULT_FLOAT_TOLERANCE)
+                   for d in dtypes)
+    by_output = _OUTPUT_TOLERANCE.get(problem.out_dtype, _DEFAULT_FLOAT_TOLERANCE)
+    return max(by_input, by_output)
+
+
+def _np_name(dtype: str) -> str:
+    return "float32" if dtype in ("bfloat16",) or dtype.startswith("float8") else dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    ok: bool
+    rel_error: float
+    tolerance: float
+
+
+def reference(problem: MatmulProblem, lhs, rhs) -> np.ndarray:
+    """The exact-as-possible result of the problem, as a host float64 (or int64) array."""
+    macs = problem.batch * problem.m * problem.n * problem.k
+    integer = all(np.issubdtype(np.dtype(_np_name(d)), np.integer)
+                  for d in (problem.lhs_dtype, problem.rhs_dtype))
+    if macs <= HOST_REFERENCE_MAX_MACS or integer:
+        wide = np.int64 if integer else np.float64
+        a = as_numpy(lhs).astype(wide)
+        b = as_numpy(rhs).astype(wide)
+        if problem.transpose_a:
+            a = np.swapaxes(a, -1, -2)
+        if problem.transpose_b:
+            b = np.swapaxes(b, -1, -2)
+        return np.matmul(a, b)
+    from jax_autotune.xla_dot import xla_dot
+    import jax.numpy as jnp
+
+    wide_problem = dataclasses.replace(problem, out_dtype="float32", precision=Precision.HIGHEST)
+    out = jax.jit(lambda a, b: xla_dot(a.astype(jnp.float32), b.astype(jnp.float32),
+                                       wide_problem))(lhs, rhs)
+    return as_numpy(out).astype(np.float64)
+
+
+def check(out, ref: np.ndarray, problem: MatmulProblem) -> Check:
+    """Compare a candidate's output with the reference under the problem's tolerance."""
+    tol = tolerance(problem)
+    got = as_numpy(out)
+    if got.shape != ref.shape:
+        return Check(False, float("inf"), tol)
+    got = got.astype(ref.dtype)
+    if not np.all(np.isfinite(got)) and np.issubdtype(got.dtype, np.floating):
+        return Check(False, float("nan"), tol)
+    diff = np.linalg.norm((got - ref).ravel().astype(np.float64))
+    scale = np.linalg.norm(ref.ravel().astype(np.float64))
+    rel = float(diff / scale) if scale > 0 else float(diff)
+    return Check(rel <= tol, rel, tol)

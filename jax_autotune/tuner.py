@@ -1,0 +1,318 @@
+"""The tuner: a key's decision from memory, the store, or a fresh benchmark.
+
+``Tuner.select(problem, key)`` looks up, in order:
+
+1. the memory table (``memory_hits``);
+2. the persistent store, under (canonical key, candidate-set checksum); an entry whose
+   winner this build does not know is ignored (``store_hits``);
+3. by mode: ``off`` -> XLA's dot; ``cached`` -> XLA's dot (nothing is tuned);
+   ``require`` -> ``KeyNotTunedError``; ``tune`` -> benchmark now (``tuned``), store the
+   decision in memory and on disk, and log it.
+
+A key being tuned is pending: another thread asking for it waits for that decision.
+Errors never escape tuning: if anything fails, the decision is XLA's dot with the reason.
+
+    >>> tuner = tuner_for("cpu")
+    >>> decision = tuner.select(problem)
+    >>> tuner.candidate(decision.winner).fn(lhs, rhs, problem)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Callable
+
+import jax
+
+from jax_autotune import config, stats
+from jax_autotune.bench import KeyBenchmark
+from jax_autotune.candidates import Candidate, CandidateSet, CandidateSetBuilder, DeviceInfo
+from jax_autotune.correctness import reference
+from jax_autotune.decision import CandidateResult, Decision, log_decision
+from jax_autotune.key import MatmulKey, MatmulProblem
+from jax_autotune.plan import make_plan
+from jax_autotune.probes import Probes
+from jax_autotune.roofline import roofline_bounds
+from jax_autotune.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.store import TuneStore, decision_namespace, open_store
+from jax_autotune.timing import Timer, random_operands, timer_for
+from jax_autotune.xla_dot import XLA_DOT
+
+
+class KeyNotTunedError(RuntimeError):
+    """Mode ``require`` met a key that is not in the tune table."""
+
+
+class Tuner:
+    """Decisions for one device: memory table, store, plan, benchmark."""
+
+    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, jax_device=None,
+                 timer: Timer | None = None, store: TuneStore | None = None,
+                 rules: TuningRules | None = None, clock: Callable[[], float] = time.perf_counter,
+                 probes: Probes | None = None, launch_fn: Callable | None = None):
+        self.device = device
+        self.candidate_set = candidate_set
+        self.jax_device = jax_device
+        self.timer = timer or timer_for(device.platform)
+        self.store = store if store is not None else open_store()
+        self.rules = rules
+        self.clock = clock
+        self.probes = probes or Probes(device, jax_device, self.timer, self.store, launch_fn)
+        self.namespace = decision_namespace(device.fingerprint)
+        self.checksum = candidate_set.checksum()
+        self._memory: dict[MatmulKey, Decision] = {}
+        self._pending: dict[MatmulKey, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- lookups
+    def candidate(self, name: str) -> Candidate:
+        return self.candidate_set.by_name(name)
+
+    def lookup(self, key: MatmulKey) -> Decision | None:
+        """Memory, then store; None on a miss (no tuning, no counters)."""
+        with self._lock:
+            if key in self._memory:
+                return self._memory[key]
+        return self._from_store(key)
+
+    def _from_store(self, key: MatmulKey) -> Decision | None:
+        data = self.store.get(self.namespace, key.canonical(), self.checksum)
+        if data is None:
+            return None
+        try:
+            decision = Decision.from_json(data)
+            self.candidate(decision.winner)
+        except (ValueError, KeyError):
+            return None  # unknown winner or damaged value: re-tune
+        return decision.with_source("store")
+
+    def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
+               mode: str | None = None) -> Decision:
+        key = key or problem.key()
+        mode = mode or config.get("mode")
+        if mode == "off":
+            return self._fallback(key, problem, "mode off")
+        while True:
+            with self._lock:
+                if key in self._memory:
+                    stats.bump("memory_hits")
+                    return self._memory[key].with_source("memory")
+                pending = self._pending.get(key)
+                if pending is None:
+                    stored = self._from_store(key)
+                    if stored is not None:
+                        stats.bump("store_hits")
+                        self._memory[key] = stored
+                        return stored
+                    if mode == "cached":
+                        return self._fallback(key, problem, "mode cached: key not in the table")
+                    if mode == "require":
+                        raise KeyNotTunedError(_require_message(key, problem))
+                    event = self._pending[key] = threading.Event()
+                    break
+            pending.wait()  # another thread is tuning this key
+        try:
+            decision = self._tune(key, problem)
+            with self._lock:
+                self._memory[key] = decision
+            self.store.put(self.namespace, key.canonical(), self.checksum, decision.to_json())
+            log_decision(decision, config.get("log_decisions"))
+            return decision
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            event.set()
+
+    def install(self, decision: Decision, persist: bool = True) -> bool:
+        """Put a decision (e.g. from a tune table) into memory and the store.
+
+        False if its winner is unknown to this candidate set.
+        """
+        try:
+            self.candidate(decision.winner)
+        except KeyError:
+            return False
+        decision = dataclasses.replace(decision, checksum=self.checksum, device=self.device.fingerprint)
+        with self._lock:
+            self._memory[decision.key] = decision
+        if persist:
+            self.store.put(self.namespace, decision.key.canonical(), self.checksum, decision.to_json())
+        return True
+
+    def decisions(self) -> list[Decision]:
+        """Every decision this tuner knows: memory, then the store's for this device."""
+        with self._lock:
+            known = dict(self._memory)
+        for entry in self.store.entries(self.namespace):
+            if entry.checksum != self.checksum:
+                continue
+            try:
+                decision = Decision.from_json(entry.value)
+            except ValueError:
+                continue
+            known.setdefault(decision.key, decision.with_source("store"))
+        return list(known.values())
+
+    def forget(self) -> None:
+        """Drop the memory table (the store is untouched)."""
+        with self._lock:
+            self._memory.clear()
+
+    # ---------------------------------------------------------------- tuning
+    def _fallback(self, key: MatmulKey, problem: MatmulProblem, reason: str) -> Decision:
+        stats.bump("fallbacks")
+        return Decision(key=key, problem=problem, winner=self.candidate_set.fallback.name,
+                        device=self.device.fingerprint, checksum=self.checksum,
+                        source="fallback", reason=reason)
+
+    def _tune(self, key: MatmulKey, problem: MatmulProblem) -> Decision:
+        started = self.clock()
+        stats.bump("tuned")
+        plan = make_plan(self.candidate_set, key, self.device)
+        fields = dict(key=key, problem=problem, device=self.device.fingerprint,
+                      checksum=self.checksum, source="tuned")
+        if not plan.rounds:
+            return Decision(winner=plan.baseline.name, reason="no other candidate for this key",
+                            **fields)
+        try:
+            with jax.transfer_guard("allow"):
+                return self._benchmark(plan, problem, started, fields)
+        except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
+            stats.bump("fallbacks")
+            return Decision(winner=plan.baseline.name, tuning_seconds=self.clock() - started,
+                            reason=f"tuning failed: {type(err).__name__}: {err}"[:500], **fields)
+        finally:
+            stats.bump("tuning_seconds", self.clock() - started)
+
+    def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict) -> Decision:
+        rules = self.rules or dataclasses.replace(DEFAULT_RULES)
+        budget = rules.budget_seconds or config.get("budget_seconds")
+        inputs = random_operands(problem, self._jax_device())
+        ref = reference(problem, *inputs)
+        peaks = self.probes.peaks_for(problem)
+        bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
+        bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
+                             clock=self.clock, budget_seconds=budget)
+        for round_ in plan.rounds:
+            if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
+                break
+        planned = {c.name for r in plan.rounds for c in r.candidates}
+        for name in sorted(planned - set(bench.results)):
+            bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
+        winner = bench.winner()
+        reason = ""
+        if winner is None:
+            winner, reason = plan.baseline.name, "no candidate produced a valid timing"
+            stats.bump("fallbacks")
+        return Decision(winner=winner, results=tuple(bench.results.values()),
+                        bounds=bounds.to_json(), limit=bounds.limit,
+                        tuning_seconds=self.clock() - started, reason=reason, **fields)
+
+    def _jax_device(self):
+        if self.jax_device is None:
+            self.jax_device = jax.devices(self.device.platform)[0]
+        return self.jax_device
+
+
+def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:
+    shape = (problem.batch, problem.m, problem.n, problem.k)
+    return (f"jax_autotune: mode 'require' and no tuned decision for key [{key.canonical()}]. "
+            f"Pre-tune it with jax_autotune.warmup([{shape}], dtype={problem.lhs_dtype!r}, "
+            f"transpose_a={problem.transpose_a}, transpose_b={problem.transpose_b}, "
+            f"precision={problem.precision.value!r}) or jax_autotune.warmup(fn, *example_args), "
+            f"or load a tune table with jax_autotune.load_table(path).")
+
+
+# ---------------------------------------------------------------- per-platform tuners
+
+_tuners: dict[str, Tuner] = {}
+_tuners_lock = threading.Lock()
+
+
+def device_info(jax_device) -> DeviceInfo:
+    """Describe a jax device for candidate support checks and fingerprints."""
+    platform = jax_device.platform
+    if platform == "cpu":
+        features: frozenset[str] = frozenset()
+        try:
+            from jax_autotune import native
+            features = native.cpu_features()
+        except Exception:  # noqa: BLE001 - no native module: XLA's dot only
+            pass
+        return DeviceInfo("cpu", _cpu_model(), 0, None, features)
+    memory = 0
+    try:
+        memory = int((jax_device.memory_stats() or {}).get("bytes_limit", 0))
+    except Exception:  # noqa: BLE001
+        pass
+    capability = None
+    raw = getattr(jax_device, "compute_capability", None)
+    if raw:
+        major, _, minor = str(raw).partition(".")
+        capability = (int(major), int(minor or 0))
+    return DeviceInfo("gpu" if platform in ("gpu", "cuda", "rocm") else platform,
+                      jax_device.device_kind, memory, capability, frozenset())
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    import platform as host
+    return f"{host.processor() or host.machine()} x{os.cpu_count()}"
+
+
+def candidate_set_for(device: DeviceInfo) -> CandidateSet:
+    """The candidate set of a device; XLA's dot alone where no family applies."""
+    try:
+        if device.platform == "cpu":
+            from jax_autotune.cpu_candidates import cpu_candidate_set
+            return cpu_candidate_set(device)
+        if device.platform == "gpu":
+            from jax_autotune.gpu.candidates import gpu_candidate_set
+            return gpu_candidate_set(device)
+    except ImportError:
+        pass
+    builder = CandidateSetBuilder(device.platform, device.device_kind)
+    builder.add(XLA_DOT)
+    return builder.build()
+
+
+def _launch_fn(device: DeviceInfo):
+    if device.platform != "cpu":
+        return None
+    try:
+        from jax_autotune import native
+        return lambda a, b: native.noop_call(a)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def tuner_for(platform: str) -> Tuner:
+    """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once."""
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    with _tuners_lock:
+        if platform not in _tuners:
+            jax_device = jax.devices(platform)[0]
+            device = device_info(jax_device)
+            _tuners[platform] = Tuner(device, candidate_set_for(device), jax_device=jax_device,
+                                      launch_fn=_launch_fn(device))
+        return _tuners[platform]
+
+
+def reset_tuners() -> None:
+    """Forget every tuner (memory tables, probes, store handles); the next use rebuilds.
+
+    Call after changing ``cache``, ``cache_dir`` or ``environment``.
+    """
+    with _tuners_lock:
+        for tuner in _tuners.values():
+            tuner.store.close()
+        _tuners.clear()

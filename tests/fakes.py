@@ -1,0 +1,98 @@
+"""Fakes for tuner tests: a scripted timer and a clock that only moves when told."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jax_autotune.candidates import Candidate, CandidateSetBuilder, DeviceInfo
+
+REFERENCE = np.arange(1.0, 7.0).reshape(1, 2, 3)
+WRONG = REFERENCE + 1.0
+
+CPU = DeviceInfo("cpu", "fake-cpu", 0, None, frozenset())
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeMeasurement:
+    def __init__(self, timer: "FakeTimer", candidate, problem, args):
+        self.timer, self.name = timer, candidate.name
+        self.candidate, self.problem, self.args = candidate, problem, args
+        self.samples_taken = 0
+
+    def output(self):
+        error = self.timer.run_errors.get(self.name)
+        if error is not None:
+            raise error
+        if self.timer.real_outputs:
+            out = np.asarray(self.candidate.fn(*self.args, self.problem))
+            return out + 1.0 if self.name in self.timer.wrong else out
+        return WRONG if self.name in self.timer.wrong else REFERENCE
+
+    def sample(self) -> float:
+        script = self.timer.scripts[self.name]
+        value = script[min(self.samples_taken, len(script) - 1)]
+        self.samples_taken += 1
+        self.timer.sampled.append(self.name)
+        if isinstance(value, BaseException):
+            raise value
+        if self.timer.clock is not None and value is not None:
+            self.timer.clock.advance(value)
+        return value
+
+
+class FakeTimer:
+    """Scripted samples per candidate name: ``FakeTimer({"a": [2, 1, 1, 1]})``.
+
+    The last value repeats; an exception in the script is raised by ``sample``.
+    """
+
+    name = "fake"
+
+    def __init__(self, scripts, *, compile_errors=None, run_errors=None, wrong=(), clock=None,
+                 real_outputs=False):
+        self.scripts = scripts
+        self.real_outputs = real_outputs
+        self.compile_errors = compile_errors or {}
+        self.run_errors = run_errors or {}
+        self.wrong = set(wrong)
+        self.clock = clock
+        self.prepared: list[str] = []
+        self.sampled: list[str] = []
+
+    def prepare(self, candidate, problem, args):
+        self.prepared.append(candidate.name)
+        error = self.compile_errors.get(candidate.name)
+        if error is not None:
+            raise error
+        return FakeMeasurement(self, candidate, problem, args)
+
+    def samples_of(self, name: str) -> int:
+        return self.sampled.count(name)
+
+
+def fake_candidate(name: str, cost: float | None = None, supported: bool = True, **params) -> Candidate:
+    from jax_autotune.xla_dot import xla_dot
+
+    return Candidate(name, xla_dot, params=params,
+                     supports=lambda device, key: supported,
+                     cost=(lambda problem: cost) if cost is not None else None)
+
+
+def candidate_set(groups, members, *, baseline: str = "xla_dot"):
+    """``groups``: [(name, priority)], ``members``: [(candidate, [(group, priority), ...])]."""
+    builder = CandidateSetBuilder("cpu", "fake-cpu")
+    builder.add(fake_candidate(baseline))
+    made = {name: builder.group(name, (lambda p: lambda key: p)(prio)) for name, prio in groups}
+    for candidate, memberships in members:
+        builder.add(candidate, *[(made[g], (lambda p: lambda key: p)(prio)) for g, prio in memberships])
+    return builder.build()

@@ -1,0 +1,181 @@
+"""The tuner's lookup order, modes, store checks and pending de-duplication."""
+
+import threading
+
+import jax
+import pytest
+
+import jax_autotune as jat
+from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
+from jax_autotune import config, stats
+from jax_autotune.key import MatmulProblem
+from jax_autotune.roofline import Peaks
+from jax_autotune.store import TuneStore
+from jax_autotune.tuner import KeyNotTunedError, Tuner
+
+PROBLEM = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
+
+
+class FakeProbes:
+    def __init__(self, error=None):
+        self.error = error
+
+    def peaks_for(self, problem):
+        if self.error:
+            raise self.error
+        return Peaks(compute=1e12, bandwidth=1e11, launch_overhead=1e-6)
+
+
+def two_candidates(extra=()):
+    return candidate_set([("g", 1)], [(fake_candidate("fast"), [("g", 1)]),
+                                      (fake_candidate("slow"), [("g", 1)]), *extra])
+
+
+def make_tuner(store, cset=None, timer=None, probes=None):
+    timer = timer or FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0]}, real_outputs=True)
+    return Tuner(CPU, cset or two_candidates(), jax_device=jax.devices("cpu")[0], timer=timer,
+                 store=store, clock=FakeClock(), probes=probes or FakeProbes())
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path):
+    config.reset()
+    stats.reset_stats()
+    yield
+    config.reset()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TuneStore(tmp_path / "t.db")
+    yield s
+    s.close()
+
+
+def test_lookup_order_is_memory_then_store_then_tune(store):
+    tuner = make_tuner(store)
+    first = tuner.select(PROBLEM)
+    assert first.source == "tuned" and first.winner == "fast"
+    assert tuner.select(PROBLEM).source == "memory"
+    fresh = make_tuner(store)  # a new process: empty memory, same database
+    again = fresh.select(PROBLEM)
+    assert again.source == "store" and again.winner == "fast"
+    counts = stats.stats()
+    assert (counts["tuned"], counts["memory_hits"], counts["store_hits"]) == (1, 1, 1)
+
+
+def test_the_decision_keeps_every_candidate_result_bounds_and_limit(store):
+    decision = make_tuner(store).select(PROBLEM)
+    assert {r.name for r in decision.results} == {"xla_dot", "fast", "slow"}
+    assert decision.limit == pytest.approx(decision.bounds["limit"])
+    assert decision.bounds["ops"] == 16 * 8 * (2 * 12 - 1)
+    stored = store.entries()[0].value
+    assert stored["winner"] == "fast" and len(stored["results"]) == 3
+
+
+def test_a_changed_candidate_set_invalidates_stored_decisions(store):
+    make_tuner(store).select(PROBLEM)
+    grown = two_candidates(extra=[(fake_candidate("new"), [("g", 1)])])
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0], "new": [0.5]}, real_outputs=True)
+    decision = make_tuner(store, grown, timer).select(PROBLEM)
+    assert decision.source == "tuned" and decision.winner == "new"
+    assert stats.stats()["tuned"] == 2
+
+
+def test_a_stored_winner_unknown_to_this_build_is_retuned(store):
+    tuner = make_tuner(store)
+    decision = tuner.select(PROBLEM)
+    data = decision.to_json()
+    data["winner"] = "renamed_kernel"
+    store.put(tuner.namespace, decision.key.canonical(), tuner.checksum, data)
+    assert make_tuner(store).select(PROBLEM).source == "tuned"
+
+
+def test_mode_off_always_uses_xla_dot_without_tuning(store):
+    decision = make_tuner(store).select(PROBLEM, mode="off")
+    assert decision.winner == "xla_dot" and decision.source == "fallback"
+    assert stats.stats()["tuned"] == 0
+
+
+def test_mode_cached_never_tunes_but_uses_what_is_stored(store):
+    miss = make_tuner(store).select(PROBLEM, mode="cached")
+    assert miss.winner == "xla_dot" and stats.stats()["tuned"] == 0
+    make_tuner(store).select(PROBLEM)  # tune once
+    hit = make_tuner(store).select(PROBLEM, mode="cached")
+    assert hit.winner == "fast" and hit.source == "store"
+
+
+def test_mode_require_names_the_key_and_how_to_pretune_it(store):
+    config.update("mode", "require")
+    with pytest.raises(KeyNotTunedError) as info:
+        make_tuner(store).select(PROBLEM)
+    message = str(info.value)
+    assert PROBLEM.key().canonical() in message
+    assert "jax_autotune.warmup" in message
+    assert stats.stats()["tuned"] == 0
+
+
+def test_nothing_valid_falls_back_to_xla_dot_with_the_reason(store):
+    boom = RuntimeError("boom")
+    timer = FakeTimer({"xla_dot": [1.0]}, compile_errors={"xla_dot": boom, "fast": boom, "slow": boom},
+                      real_outputs=True)
+    decision = make_tuner(store, timer=timer).select(PROBLEM)
+    assert decision.winner == "xla_dot"
+    assert "no candidate" in decision.reason
+    assert {r.outcome for r in decision.results} == {"compile_error"}
+
+
+def test_an_error_outside_the_candidates_never_escapes(store):
+    decision = make_tuner(store, probes=FakeProbes(RuntimeError("probe failed"))).select(PROBLEM)
+    assert decision.winner == "xla_dot"
+    assert "probe failed" in decision.reason
+
+
+def test_a_key_being_tuned_is_pending_and_a_second_thread_waits_for_it(store):
+    entered, release = threading.Event(), threading.Event()
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0]}, real_outputs=True)
+    original = timer.prepare
+
+    def slow_prepare(candidate, problem, args):
+        entered.set()
+        release.wait()
+        return original(candidate, problem, args)
+
+    timer.prepare = slow_prepare
+    tuner = make_tuner(store, timer=timer)
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", tuner.select(PROBLEM)))
+    second = threading.Thread(target=lambda: results.setdefault("second", tuner.select(PROBLEM)))
+    first.start()
+    entered.wait()
+    second.start()
+    second.join(timeout=0.2)
+    assert second.is_alive()  # blocked on the pending key, not tuning it again
+    release.set()
+    first.join()
+    second.join()
+    assert stats.stats()["tuned"] == 1
+    assert results["second"].winner == results["first"].winner == "fast"
+    assert timer.prepared.count("xla_dot") == 1
+
+
+def test_install_rejects_a_decision_whose_winner_is_unknown(store):
+    tuner = make_tuner(store)
+    decision = tuner.select(PROBLEM)
+    other = make_tuner(TuneStore(None))
+    assert other.install(decision)
+    assert other.select(PROBLEM).source == "memory"
+    import dataclasses
+    assert not other.install(dataclasses.replace(decision, winner="nope"))
+
+
+def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
+    import json
+    log = tmp_path / "decisions.jsonl"
+    config.update("log_decisions", str(log))
+    make_tuner(store).select(PROBLEM)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["winner"] == "fast" and record["key_string"] == PROBLEM.key().canonical()
+    assert {r["name"] for r in record["results"]} == {"xla_dot", "fast", "slow"}
