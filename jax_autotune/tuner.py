@@ -170,13 +170,13 @@ class Tuner:
 
     def _tune(self, key: MatmulKey, problem: MatmulProblem) -> Decision:
         started = self.clock()
-        stats.bump("tuned")
         plan = make_plan(self.candidate_set, key, self.device)
         fields = dict(key=key, problem=problem, device=self.device.fingerprint,
                       checksum=self.checksum, source="tuned")
-        if not plan.rounds:
+        if not plan.rounds:  # nothing to compare: XLA's dot, without a benchmark
             return Decision(winner=plan.baseline.name, reason="no other candidate for this key",
                             **fields)
+        stats.bump("tuned")
         try:
             with jax.transfer_guard("allow"):
                 return self._benchmark(plan, problem, started, fields)

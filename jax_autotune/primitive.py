@@ -1,0 +1,148 @@
+"""The matmul primitive: the key is computed at trace time, the kernel chosen at compile time.
+
+``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem and
+its ``MatmulKey`` as parameters, so ``jax.make_jaxpr`` shows the key and ``warmup`` can
+collect it. Its lowering rule asks the platform's tuner for the key's decision (tuning
+lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``. vmap re-binds with
+a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
+again with their own problems and transposed layouts, and tuned too.
+
+    >>> out = bind_matmul(lhs, rhs, problem)          # lhs problem.lhs_shape, rhs problem.rhs_shape
+    >>> jax.make_jaxpr(lambda a, b: bind_matmul(a, b, problem))(lhs, rhs)
+    { lambda ; a:f32[1,8,4] b:f32[1,4,2]. let c = autotuned_matmul[key=m=8 n=2 ...] a b in (c,) }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_autotune.key import MatmulProblem
+from jax_autotune.tuner import tuner_for
+
+matmul_p = Primitive("autotuned_matmul")
+
+# lowering calls, per platform: tests check that lowering runs once per compile
+LOWERINGS: dict[str, int] = {}
+
+
+def bind_matmul(lhs, rhs, problem: MatmulProblem):
+    """Bind the primitive; the key is computed here, at trace time, at the configured level."""
+    if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
+        raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
+                         f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key())
+
+
+def _abstract_eval(lhs, rhs, *, problem, key):
+    return jax.core.ShapedArray(problem.out_shape, jnp.dtype(problem.out_dtype))
+
+
+def _lowering(platform: str):
+    def rule(ctx, lhs, rhs, *, problem, key):
+        LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
+        tuner = tuner_for(platform)
+        decision = tuner.select(problem, key)
+        candidate = tuner.candidate(decision.winner)
+        kernel = functools.partial(_call_candidate, candidate.fn, problem=problem)
+        return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+    return rule
+
+
+def _call_candidate(fn, lhs, rhs, *, problem):
+    return fn(lhs, rhs, problem)
+
+
+def _xla_lowering(ctx, lhs, rhs, *, problem, key):
+    from jax_autotune.xla_dot import xla_dot
+    kernel = functools.partial(_call_candidate, xla_dot, problem=problem)
+    return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+
+
+# ---------------------------------------------------------------- autodiff
+
+def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, out_dtype,
+                  transpose_a, transpose_b) -> MatmulProblem:
+    return dataclasses.replace(problem, m=m, n=n, k=k, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
+                               out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def _transpose_lhs(ct, lhs, rhs, *, problem, key):
+    """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed."""
+    p = problem
+    lhs_dtype = lhs.aval.dtype
+    if not p.transpose_a:  # lhs_bar (b, m, k) = ct (b, m, n) @ rhs^T (b, n, k)
+        new = _swap_problem(p, m=p.m, n=p.k, k=p.n, lhs_dtype=ct.dtype, rhs_dtype=rhs.dtype,
+                            out_dtype=lhs_dtype, transpose_a=False, transpose_b=not p.transpose_b)
+        return bind_matmul(ct, rhs, new)
+    # lhs stored (b, k, m): lhs_bar = rhs (b, k, n) @ ct^T (b, n, m)
+    new = _swap_problem(p, m=p.k, n=p.m, k=p.n, lhs_dtype=rhs.dtype, rhs_dtype=ct.dtype,
+                        out_dtype=lhs_dtype, transpose_a=p.transpose_b, transpose_b=True)
+    return bind_matmul(rhs, ct, new)
+
+
+def _transpose_rhs(ct, lhs, rhs, *, problem, key):
+    """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed."""
+    p = problem
+    rhs_dtype = rhs.aval.dtype
+    if not p.transpose_b:  # rhs_bar (b, k, n) = lhs^T (b, k, m) @ ct (b, m, n)
+        new = _swap_problem(p, m=p.k, n=p.n, k=p.m, lhs_dtype=lhs.dtype, rhs_dtype=ct.dtype,
+                            out_dtype=rhs_dtype, transpose_a=not p.transpose_a, transpose_b=False)
+        return bind_matmul(lhs, ct, new)
+    # rhs stored (b, n, k): rhs_bar = ct^T (b, n, m) @ lhs (b, m, k)
+    new = _swap_problem(p, m=p.n, n=p.k, k=p.m, lhs_dtype=ct.dtype, rhs_dtype=lhs.dtype,
+                        out_dtype=rhs_dtype, transpose_a=True, transpose_b=p.transpose_a)
+    return bind_matmul(ct, lhs, new)
+
+
+# ---------------------------------------------------------------- vmap
+
+def _batching_rule(args, dims, *, problem, key):
+    """Fold the mapped axis into the problem's batch (or into m when rhs is unmapped)."""
+    lhs, rhs = args
+    lhs_dim, rhs_dim = dims
+    size = lhs.shape[lhs_dim] if lhs_dim is not batching.not_mapped else rhs.shape[rhs_dim]
+    if rhs_dim is batching.not_mapped and not problem.transpose_a and problem.batch == 1:
+        # (V, 1, m, k) @ (1, k, n): one (1, V*m, k) problem, no copy of rhs
+        lhs = jnp.moveaxis(lhs, lhs_dim, 0).reshape(1, size * problem.m, problem.k)
+        new = dataclasses.replace(problem, m=size * problem.m)
+        out = bind_matmul(lhs, rhs, new)
+        return out.reshape(size, 1, problem.m, problem.n), 0
+
+    def stack(x, dim, shape):
+        if dim is batching.not_mapped:
+            x = jnp.broadcast_to(x, (size, *shape))
+        else:
+            x = jnp.moveaxis(x, dim, 0)
+        return x.reshape(size * shape[0], *shape[1:])
+
+    new = dataclasses.replace(problem, batch=size * problem.batch)
+    out = bind_matmul(stack(lhs, lhs_dim, problem.lhs_shape), stack(rhs, rhs_dim, problem.rhs_shape), new)
+    return out.reshape(size, *problem.out_shape), 0
+
+
+# ---------------------------------------------------------------- registration
+
+@functools.lru_cache(maxsize=512)
+def _eager(problem: MatmulProblem, key):
+    return jax.jit(lambda a, b: matmul_p.bind(a, b, problem=problem, key=key))
+
+
+def _impl(lhs, rhs, *, problem, key):
+    """Eager calls compile through the same lowering (and so the same tuner)."""
+    return _eager(problem, key)(lhs, rhs)
+
+
+matmul_p.def_impl(_impl)
+matmul_p.def_abstract_eval(_abstract_eval)
+ad.defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
+batching.primitive_batchers[matmul_p] = _batching_rule
+mlir.register_lowering(matmul_p, _xla_lowering)  # any other platform: XLA's dot
+mlir.register_lowering(matmul_p, _lowering("cpu"), platform="cpu")
+for _gpu in ("cuda", "rocm"):
+    mlir.register_lowering(matmul_p, _lowering("gpu"), platform=_gpu)

@@ -1,0 +1,155 @@
+"""Pre-tuning: tune every key a list of shapes or a traced function will need.
+
+    >>> jat.warmup([(1024, 1024, 1024), (8, 512, 512, 64)], dtype="bfloat16")
+    >>> report = jat.warmup(train_step, params, batch, grad=True)
+    >>> print(report)            # per key: winner, its time, XLA dot's time, source
+
+``warmup(fn, *args)`` traces ``fn`` (and ``jax.grad`` of its first output with respect
+to its first argument when ``grad=True``), walks every nested jaxpr (pjit, scan, while,
+cond, custom_vjp/jvp, remat, shard_map) and tunes each matmul key it finds, so that
+compiling ``fn`` afterwards tunes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Callable, Iterable, Iterator
+
+import jax
+import jax.numpy as jnp
+
+from jax_autotune.decision import Decision
+from jax_autotune.key import MatmulKey, MatmulProblem, problem_for
+from jax_autotune.primitive import matmul_p
+from jax_autotune.tuner import tuner_for
+from jax_autotune.xla_dot import XLA_DOT_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupEntry:
+    key: MatmulKey
+    problem: MatmulProblem
+    winner: str
+    winner_seconds: float | None
+    xla_seconds: float | None
+    source: str  # "tuned" | "memory" | "store" | "fallback"
+
+    @classmethod
+    def of(cls, decision: Decision) -> "WarmupEntry":
+        xla = decision.result(XLA_DOT_NAME)
+        return cls(decision.key, decision.problem, decision.winner, decision.winner_seconds,
+                   xla.score if xla else None, decision.source)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupReport:
+    entries: tuple[WarmupEntry, ...]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[WarmupEntry]:
+        return iter(self.entries)
+
+    def count(self, source: str) -> int:
+        return sum(1 for e in self.entries if e.source == source)
+
+    def __str__(self) -> str:
+        def us(seconds):
+            return f"{seconds * 1e6:10.1f}" if seconds else f"{'-':>10}"
+
+        lines = [f"{'batch x m x n x k':>24} {'dtype':>9} {'winner':<36} {'us':>10} {'xla us':>10} source"]
+        for e in self.entries:
+            p = e.problem
+            shape = f"{p.batch}x{p.m}x{p.n}x{p.k}{'T' if p.transpose_b else ''}"
+            lines.append(f"{shape:>24} {p.lhs_dtype:>9} {e.winner:<36} {us(e.winner_seconds)} "
+                         f"{us(e.xla_seconds)} {e.source}")
+        return "\n".join(lines)
+
+
+def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
+    """Every (problem, key) bound in a jaxpr and the jaxprs nested in it, in order, unique."""
+    found: dict[tuple[MatmulProblem, MatmulKey], None] = {}
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is matmul_p:
+                found[(eqn.params["problem"], eqn.params["key"])] = None
+            for value in eqn.params.values():
+                for sub in _jaxprs_in(value):
+                    visit(sub)
+
+    visit(getattr(closed_jaxpr, "jaxpr", closed_jaxpr))
+    return list(found)
+
+
+def _jaxprs_in(value) -> Iterable[Any]:
+    if isinstance(value, jax.extend.core.ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, jax.extend.core.Jaxpr):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _jaxprs_in(item)
+
+
+def _problems_of_shapes(shapes, dtype, precision, transpose_a, transpose_b) -> list[MatmulProblem]:
+    problems = []
+    for index, shape in enumerate(shapes):
+        if isinstance(shape, (tuple, list)) and len(shape) == 2 and all(hasattr(s, "shape") for s in shape):
+            lhs, rhs = shape
+        elif isinstance(shape, (tuple, list)) and len(shape) in (3, 4) and all(
+                isinstance(d, int) and d >= 1 for d in shape):
+            batch, m, n, k = shape if len(shape) == 4 else (1, *shape)
+            lead = (batch,) if len(shape) == 4 else ()
+            lhs = jax.ShapeDtypeStruct((*lead, k, m) if transpose_a else (*lead, m, k), dtype)
+            rhs = jax.ShapeDtypeStruct((*lead, n, k) if transpose_b else (*lead, k, n), dtype)
+        else:
+            raise ValueError(f"warmup: shapes[{index}] = {shape!r}; expected (m, n, k), "
+                             f"(batch, m, n, k) of positive ints, or a (lhs, rhs) pair of "
+                             f"jax.ShapeDtypeStruct")
+        problems.append(problem_for(lhs, rhs, transpose_a=transpose_a, transpose_b=transpose_b,
+                                    precision=precision))
+    return problems
+
+
+def _first_output(fn: Callable) -> Callable:
+    def scalar(*args):
+        out = fn(*args)
+        first = jax.tree_util.tree_leaves(out)[0]
+        return jnp.sum(first.astype(jnp.float32)) if first.ndim else first.astype(jnp.float32)
+    return scalar
+
+
+def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
+           transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
+           platform: str | None = None, progress: bool | None = None) -> WarmupReport:
+    """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``."""
+    if callable(shapes_or_fn):
+        fn = shapes_or_fn
+        pairs = matmul_problems(jax.make_jaxpr(fn)(*example_args))
+        if grad:
+            if not example_args:
+                raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
+            pairs += matmul_problems(jax.make_jaxpr(jax.grad(_first_output(fn)))(*example_args))
+        work = list(dict.fromkeys(pairs))
+    else:
+        if example_args:
+            raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
+        work = [(p, p.key()) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
+                                                          transpose_a, transpose_b)]
+    tuner = tuner_for(platform or jax.default_backend())
+    show = sys.stderr.isatty() if progress is None else progress
+    iterator = work
+    if show and work:
+        from tqdm import tqdm
+        iterator = tqdm(work, desc="jax_autotune warmup", unit="key")
+    entries = []
+    seen: set[MatmulKey] = set()
+    for problem, key in iterator:
+        if key in seen:
+            continue
+        seen.add(key)
+        entries.append(WarmupEntry.of(tuner.select(problem, key)))
+    return WarmupReport(tuple(entries))
