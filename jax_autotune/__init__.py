@@ -9,7 +9,7 @@ from jax_autotune import config
 from jax_autotune.api import dot_general, matmul
 from jax_autotune.decision import CandidateResult, Decision
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, MatmulProblem, Precision, Scale, key_for
-from jax_autotune.stats import reset_stats, stats
+from jax_autotune.counters import reset_stats, stats
 from jax_autotune.store import JaxAutotuneStoreWarning
 from jax_autotune.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup

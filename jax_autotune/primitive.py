@@ -106,8 +106,8 @@ def _batching_rule(args, dims, *, problem, key):
     """Fold the mapped axis into the problem's batch (or into m when rhs is unmapped)."""
     lhs, rhs = args
     lhs_dim, rhs_dim = dims
-    size = lhs.shape[lhs_dim] if lhs_dim is not batching.not_mapped else rhs.shape[rhs_dim]
-    if rhs_dim is batching.not_mapped and not problem.transpose_a and problem.batch == 1:
+    size = lhs.shape[lhs_dim] if lhs_dim is not None else rhs.shape[rhs_dim]
+    if rhs_dim is None and not problem.transpose_a and problem.batch == 1:
         # (V, 1, m, k) @ (1, k, n): one (1, V*m, k) problem, no copy of rhs
         lhs = jnp.moveaxis(lhs, lhs_dim, 0).reshape(1, size * problem.m, problem.k)
         new = dataclasses.replace(problem, m=size * problem.m)
@@ -115,7 +115,7 @@ def _batching_rule(args, dims, *, problem, key):
         return out.reshape(size, 1, problem.m, problem.n), 0
 
     def stack(x, dim, shape):
-        if dim is batching.not_mapped:
+        if dim is None:
             x = jnp.broadcast_to(x, (size, *shape))
         else:
             x = jnp.moveaxis(x, dim, 0)

@@ -32,7 +32,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jax_autotune import stats
+from jax_autotune import counters
 from jax_autotune.candidates import Candidate, DeviceInfo
 from jax_autotune.key import MatmulProblem, Precision
 from jax_autotune.roofline import Peaks
@@ -105,6 +105,18 @@ def _bandwidth_classes(device: DeviceInfo) -> tuple[int, ...]:
     return (1 * MiB, 16 * MiB, 256 * MiB) if device.platform == "cpu" else (1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB)
 
 
+# probe results of this process, by (throughput namespace, probe name): shared by every
+# Probes object, so rebuilding a tuner (reset_tuners) does not measure the device again
+_MEASURED: dict[tuple[str, str], ProbeResult] = {}
+_MEASURED_LOCK = threading.Lock()
+
+
+def forget_measurements() -> None:
+    """Drop this process's probe results (the store keeps its copy)."""
+    with _MEASURED_LOCK:
+        _MEASURED.clear()
+
+
 class Probes:
     """Measures and caches the peaks of one device (thread-safe, each probe once)."""
 
@@ -113,8 +125,6 @@ class Probes:
         self.device, self.jax_device, self.timer, self.store = device, jax_device, timer, store
         self.launch_fn = launch_fn
         self.namespace = throughput_namespace(device.fingerprint)
-        self._cache: dict[str, ProbeResult] = {}
-        self._lock = threading.Lock()
 
     def peaks_for(self, problem: MatmulProblem) -> Peaks:
         compute = self.get(f"compute/{problem.lhs_dtype}/{problem.precision.value}",
@@ -132,9 +142,9 @@ class Probes:
         return next((c for c in classes if moved <= c), classes[-1])
 
     def get(self, name: str, measure: Callable[[], ProbeResult]) -> ProbeResult:
-        with self._lock:
-            if name in self._cache:
-                return self._cache[name]
+        with _MEASURED_LOCK:
+            if (self.namespace, name) in _MEASURED:
+                return _MEASURED[(self.namespace, name)]
             stored = self.store.get(self.namespace, name, PROBE_VERSION)
             if stored is not None and isinstance(stored.get("value"), (int, float)) and stored["value"] > 0:
                 result = ProbeResult(float(stored["value"]), int(stored.get("launches", 0)),
@@ -142,9 +152,9 @@ class Probes:
             else:
                 with jax.transfer_guard("allow"):
                     result = measure()
-                stats.bump("probe_launches", result.launches)
+                counters.bump("probe_launches", result.launches)
                 self.store.put(self.namespace, name, PROBE_VERSION, result.to_json())
-            self._cache[name] = result
+            _MEASURED[(self.namespace, name)] = result
             return result
 
     # ---------------------------------------------------------------- the probes

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune import stats
+from jax_autotune import counters
 from jax_autotune.candidates import Candidate
 from jax_autotune.key import MatmulProblem
 
@@ -47,7 +47,7 @@ class Timer(Protocol):
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
     compiled = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args).compile()
-    stats.bump("candidate_compiles")
+    counters.bump("candidate_compiles")
     return compiled
 
 
@@ -60,14 +60,14 @@ class _WallClockMeasurement:
         self.single, self.looped, self.reps, self.args, self.clock = single, looped, reps, args, clock
 
     def output(self):
-        stats.bump("candidate_runs")
+        counters.bump("candidate_runs")
         return _block(self.single(*self.args))
 
     def sample(self) -> float:
         start = self.clock()
         _block(self.looped(*self.args))
         elapsed = self.clock() - start
-        stats.bump("candidate_runs", self.reps)
+        counters.bump("candidate_runs", self.reps)
         return elapsed / self.reps
 
 
@@ -111,7 +111,7 @@ def _compile_repeated(candidate: Candidate, problem: MatmulProblem, args: tuple,
         return lax.fori_loop(1, reps, body, (lhs, out))[1]
 
     compiled = jax.jit(run).lower(*args).compile()
-    stats.bump("candidate_compiles")
+    counters.bump("candidate_compiles")
     return compiled
 
 
@@ -120,11 +120,11 @@ class _DeviceMeasurement:
         self.compiled, self.args, self.measure = compiled, args, measure
 
     def output(self):
-        stats.bump("candidate_runs")
+        counters.bump("candidate_runs")
         return _block(self.compiled(*self.args))
 
     def sample(self) -> float:
-        stats.bump("candidate_runs")
+        counters.bump("candidate_runs")
         _, milliseconds = self.measure(self.compiled)(*self.args)
         return milliseconds * 1e-3
 

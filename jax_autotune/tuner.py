@@ -27,7 +27,7 @@ from typing import Callable
 
 import jax
 
-from jax_autotune import config, stats
+from jax_autotune import config, counters
 from jax_autotune.bench import KeyBenchmark
 from jax_autotune.candidates import Candidate, CandidateSet, CandidateSetBuilder, DeviceInfo
 from jax_autotune.correctness import reference
@@ -98,13 +98,13 @@ class Tuner:
         while True:
             with self._lock:
                 if key in self._memory:
-                    stats.bump("memory_hits")
+                    counters.bump("memory_hits")
                     return self._memory[key].with_source("memory")
                 pending = self._pending.get(key)
                 if pending is None:
                     stored = self._from_store(key)
                     if stored is not None:
-                        stats.bump("store_hits")
+                        counters.bump("store_hits")
                         self._memory[key] = stored
                         return stored
                     if mode == "cached":
@@ -163,7 +163,7 @@ class Tuner:
 
     # ---------------------------------------------------------------- tuning
     def _fallback(self, key: MatmulKey, problem: MatmulProblem, reason: str) -> Decision:
-        stats.bump("fallbacks")
+        counters.bump("fallbacks")
         return Decision(key=key, problem=problem, winner=self.candidate_set.fallback.name,
                         device=self.device.fingerprint, checksum=self.checksum,
                         source="fallback", reason=reason)
@@ -176,16 +176,16 @@ class Tuner:
         if not plan.rounds:  # nothing to compare: XLA's dot, without a benchmark
             return Decision(winner=plan.baseline.name, reason="no other candidate for this key",
                             **fields)
-        stats.bump("tuned")
+        counters.bump("tuned")
         try:
             with jax.transfer_guard("allow"):
                 return self._benchmark(plan, problem, started, fields)
         except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
-            stats.bump("fallbacks")
+            counters.bump("fallbacks")
             return Decision(winner=plan.baseline.name, tuning_seconds=self.clock() - started,
                             reason=f"tuning failed: {type(err).__name__}: {err}"[:500], **fields)
         finally:
-            stats.bump("tuning_seconds", self.clock() - started)
+            counters.bump("tuning_seconds", self.clock() - started)
 
     def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict) -> Decision:
         rules = self.rules or dataclasses.replace(DEFAULT_RULES)
@@ -206,7 +206,7 @@ class Tuner:
         reason = ""
         if winner is None:
             winner, reason = plan.baseline.name, "no candidate produced a valid timing"
-            stats.bump("fallbacks")
+            counters.bump("fallbacks")
         return Decision(winner=winner, results=tuple(bench.results.values()),
                         bounds=bounds.to_json(), limit=bounds.limit,
                         tuning_seconds=self.clock() - started, reason=reason, **fields)

@@ -7,7 +7,7 @@ import pytest
 
 import jax_autotune as jat
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
-from jax_autotune import config, stats
+from jax_autotune import config, counters
 from jax_autotune.key import MatmulProblem
 from jax_autotune.roofline import Peaks
 from jax_autotune.store import TuneStore
@@ -40,7 +40,7 @@ def make_tuner(store, cset=None, timer=None, probes=None):
 @pytest.fixture(autouse=True)
 def clean(tmp_path):
     config.reset()
-    stats.reset_stats()
+    counters.reset_stats()
     yield
     config.reset()
 
@@ -60,7 +60,7 @@ def test_lookup_order_is_memory_then_store_then_tune(store):
     fresh = make_tuner(store)  # a new process: empty memory, same database
     again = fresh.select(PROBLEM)
     assert again.source == "store" and again.winner == "fast"
-    counts = stats.stats()
+    counts = counters.stats()
     assert (counts["tuned"], counts["memory_hits"], counts["store_hits"]) == (1, 1, 1)
 
 
@@ -79,7 +79,7 @@ def test_a_changed_candidate_set_invalidates_stored_decisions(store):
     timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0], "new": [0.5]}, real_outputs=True)
     decision = make_tuner(store, grown, timer).select(PROBLEM)
     assert decision.source == "tuned" and decision.winner == "new"
-    assert stats.stats()["tuned"] == 2
+    assert counters.stats()["tuned"] == 2
 
 
 def test_a_stored_winner_unknown_to_this_build_is_retuned(store):
@@ -94,12 +94,12 @@ def test_a_stored_winner_unknown_to_this_build_is_retuned(store):
 def test_mode_off_always_uses_xla_dot_without_tuning(store):
     decision = make_tuner(store).select(PROBLEM, mode="off")
     assert decision.winner == "xla_dot" and decision.source == "fallback"
-    assert stats.stats()["tuned"] == 0
+    assert counters.stats()["tuned"] == 0
 
 
 def test_mode_cached_never_tunes_but_uses_what_is_stored(store):
     miss = make_tuner(store).select(PROBLEM, mode="cached")
-    assert miss.winner == "xla_dot" and stats.stats()["tuned"] == 0
+    assert miss.winner == "xla_dot" and counters.stats()["tuned"] == 0
     make_tuner(store).select(PROBLEM)  # tune once
     hit = make_tuner(store).select(PROBLEM, mode="cached")
     assert hit.winner == "fast" and hit.source == "store"
@@ -112,7 +112,7 @@ def test_mode_require_names_the_key_and_how_to_pretune_it(store):
     message = str(info.value)
     assert PROBLEM.key().canonical() in message
     assert "jax_autotune.warmup" in message
-    assert stats.stats()["tuned"] == 0
+    assert counters.stats()["tuned"] == 0
 
 
 def test_nothing_valid_falls_back_to_xla_dot_with_the_reason(store):
@@ -154,7 +154,7 @@ def test_a_key_being_tuned_is_pending_and_a_second_thread_waits_for_it(store):
     release.set()
     first.join()
     second.join()
-    assert stats.stats()["tuned"] == 1
+    assert counters.stats()["tuned"] == 1
     assert results["second"].winner == results["first"].winner == "fast"
     assert timer.prepared.count("xla_dot") == 1
 

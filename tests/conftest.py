@@ -1,0 +1,46 @@
+"""Shared test setup: a throw-away tune store per session, never the user's cache."""
+
+import os
+
+import pytest
+
+from jax_autotune import config, counters
+from jax_autotune.tuner import reset_tuners
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import jax
+        has_gpu = any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("jax_autotune_cache")
+    os.environ["JAX_AUTOTUNE_CACHE_DIR"] = str(directory)
+    os.environ.pop("JAX_AUTOTUNE_MODE", None)
+    # tests time real candidates; keep each key's tuning short
+    os.environ.setdefault("JAX_AUTOTUNE_BUDGET_SECONDS", "2")
+    reset_tuners()
+    yield directory
+    reset_tuners()
+
+
+@pytest.fixture
+def fresh_tuning(tmp_path):
+    """An empty store and memory table for one test; config and counters restored after."""
+    config.reset()
+    config.update("cache_dir", str(tmp_path / "cache"))
+    reset_tuners()
+    counters.reset_stats()
+    yield tmp_path / "cache"
+    config.reset()
+    reset_tuners()

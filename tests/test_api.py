@@ -1,0 +1,279 @@
+"""matmul / dot_general: numerics, transformations, the key in the jaxpr, modes and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_autotune as jat
+from jax_autotune import config, counters, primitive
+from jax_autotune.key import Layout
+
+RNG = np.random.default_rng(20261129)
+TOL = {"float32": 2e-5, "float64": 1e-12, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+def rand(shape, dtype="float32"):
+    return jnp.asarray(RNG.standard_normal(shape), dtype=dtype)
+
+
+def rel_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def f64_matmul(a, b):
+    return np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 7, 100), (7, 1, 7), (100, 100, 1), (1000, 7, 100),
+                                     (7, 1025, 1), (1, 1, 1025), (100, 7, 1000)])
+def test_matmul_matches_float64_on_odd_shapes(fresh_tuning, m, n, k):
+    a, b = rand((m, k)), rand((k, n))
+    out = jax.jit(jat.matmul)(a, b)
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    assert rel_error(out, f64_matmul(a, b)) < TOL["float32"]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((3, 5, 7), (7, 4)),          # batch @ matrix
+    ((5, 7), (3, 7, 4)),          # matrix @ batch
+    ((2, 1, 5, 7), (3, 7, 4)),    # broadcasting batch dims
+    ((7,), (7, 4)),               # 1-D promotion
+    ((3, 5, 7), (7,)),            # batched matvec
+    ((7,), (7,)),                 # inner product
+])
+def test_matmul_follows_jnp_matmul_shape_rules(fresh_tuning, a_shape, b_shape):
+    a, b = rand(a_shape), rand(b_shape)
+    out = jat.matmul(a, b)
+    want = f64_matmul(a, b)
+    assert out.shape == want.shape
+    assert rel_error(out, want) < TOL["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_matmul_dtypes_and_preferred_element_type(fresh_tuning, dtype):
+    a, b = rand((33, 65), dtype), rand((65, 17), dtype)
+    out = jat.matmul(a, b)
+    assert out.dtype == jnp.dtype(dtype)
+    assert rel_error(out, f64_matmul(a, b)) < TOL[dtype]
+    wide = jat.matmul(a, b, preferred_element_type=jnp.float32)
+    assert wide.dtype == jnp.float32
+    assert rel_error(wide, f64_matmul(a, b)) < 1e-5
+
+
+def test_mixed_dtypes_promote_like_jnp(fresh_tuning):
+    a, b = rand((8, 16), "bfloat16"), rand((16, 4), "float32")
+    out = jat.matmul(a, b)
+    assert out.dtype == jnp.matmul(a, b).dtype == jnp.float32
+    ints = jat.matmul(jnp.arange(12, dtype=jnp.int32).reshape(3, 4), jnp.ones((4, 2), jnp.int32))
+    assert ints.dtype == jnp.int32
+    np.testing.assert_array_equal(ints, np.arange(12).reshape(3, 4) @ np.ones((4, 2), np.int64))
+
+
+@pytest.mark.parametrize("dims, lhs_shape, rhs_shape", [
+    ((((1,), (0,)), ((), ())), (9, 7), (7, 5)),          # plain
+    ((((0,), (0,)), ((), ())), (7, 9), (7, 5)),          # lhs transposed
+    ((((1,), (1,)), ((), ())), (9, 7), (5, 7)),          # rhs transposed (x @ W^T)
+    ((((0,), (1,)), ((), ())), (7, 9), (5, 7)),          # both
+    ((((2,), (1,)), ((0,), (0,))), (3, 9, 7), (3, 7, 5)),  # batched
+    ((((1,), (2,)), ((0,), (0,))), (3, 7, 9), (3, 5, 7)),  # batched, both transposed
+    ((((1, 2), (0, 1)), ((), ())), (4, 3, 5), (3, 5, 6)),  # two contracting dims
+    ((((2,), (0,)), ((1,), (2,))), (4, 3, 5), (5, 6, 3)),  # batch dims not leading
+])
+def test_dot_general_matches_lax_for_general_dimension_numbers(fresh_tuning, dims, lhs_shape, rhs_shape):
+    lhs, rhs = rand(lhs_shape), rand(rhs_shape)
+    out = jax.jit(lambda a, b: jat.dot_general(a, b, dims))(lhs, rhs)
+    want = lax.dot_general(lhs.astype(jnp.float64) if False else lhs, rhs, dims,
+                           precision=lax.Precision.HIGHEST)
+    assert out.shape == want.shape
+    assert rel_error(out, want) < TOL["float32"]
+
+
+def test_a_transposed_operand_becomes_a_transposed_layout_key_not_a_copy(fresh_tuning):
+    x, w = rand((9, 7)), rand((5, 7))
+    jaxpr = jax.make_jaxpr(lambda a, b: jat.dot_general(a, b, (((1,), (1,)), ((), ()))))(x, w)
+    names = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+    assert "transpose" not in names
+    (eqn,) = [e for e in jaxpr.jaxpr.eqns if e.primitive is primitive.matmul_p]
+    assert eqn.params["key"].rhs_layout == Layout.mildly_permuted(transposed=True)
+    assert eqn.params["problem"].transpose_b
+
+
+def test_the_jaxpr_shows_the_key(fresh_tuning):
+    text = str(jax.make_jaxpr(jat.matmul)(rand((1000, 1000)), rand((1000, 1000))))
+    assert "autotuned_matmul" in text
+    assert "lhs_stride_factor=5" in text and "m=1024" in text
+
+
+def test_grad_matches_jnp_and_backward_keys_carry_transposed_layouts(fresh_tuning):
+    x, w = rand((6, 33, 17)), rand((17, 9))
+
+    def loss(f):
+        return lambda x, w: jnp.sum(jnp.tanh(f(x, w)))
+
+    got = jax.grad(loss(jat.matmul), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        assert rel_error(g, h) < 1e-5
+    jaxpr = jax.make_jaxpr(jax.grad(loss(jat.matmul), argnums=(0, 1)))(x, w)
+    problems = [e.params["problem"] for e in jaxpr.jaxpr.eqns if e.primitive is primitive.matmul_p]
+    assert len(problems) == 3  # forward, d/dx, d/dw
+    assert any(p.transpose_b for p in problems)  # dx = ct @ w^T
+    assert any(p.transpose_a for p in problems)  # dw = x^T @ ct
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_grad_through_every_transposed_layout(fresh_tuning, ta, tb):
+    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+    lhs = rand((7, 9) if ta else (9, 7))
+    rhs = rand((5, 7) if tb else (7, 5))
+    f = lambda g: lambda a, b: jnp.sum(jnp.sin(g(a, b, dims)))  # noqa: E731
+    got = jax.grad(f(jat.dot_general), argnums=(0, 1))(lhs, rhs)
+    want = jax.grad(f(lambda a, b, d: lax.dot_general(a, b, d, precision="highest")), argnums=(0, 1))(lhs, rhs)
+    for g, h in zip(got, want):
+        assert rel_error(g, h) < 1e-5
+
+
+def test_jvp_matches_jnp(fresh_tuning):
+    x, w, dx, dw = rand((5, 8)), rand((8, 3)), rand((5, 8)), rand((8, 3))
+    primal, tangent = jax.jvp(jat.matmul, (x, w), (dx, dw))
+    want_p, want_t = jax.jvp(lambda a, b: jnp.matmul(a, b, precision="highest"), (x, w), (dx, dw))
+    assert rel_error(primal, want_p) < 1e-5 and rel_error(tangent, want_t) < 1e-5
+
+
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0), (1, 2)])
+def test_vmap_matches_jnp_and_rebinds_with_a_new_key(fresh_tuning, in_axes):
+    shapes = {None: None}
+    x = rand((4, 6, 5) if in_axes[0] == 0 else (6, 4, 5) if in_axes[0] == 1 else (6, 5))
+    w = rand((4, 5, 3) if in_axes[1] == 0 else (5, 3, 4) if in_axes[1] == 2 else (5, 3))
+    got = jax.vmap(jat.matmul, in_axes=in_axes)(x, w)
+    want = jax.vmap(lambda a, b: jnp.matmul(a, b, precision="highest"), in_axes=in_axes)(x, w)
+    assert got.shape == want.shape and rel_error(got, want) < 1e-5
+    jaxpr = jax.make_jaxpr(jax.vmap(jat.matmul, in_axes=in_axes))(x, w)
+    (eqn,) = [e for e in jaxpr.jaxpr.eqns if e.primitive is primitive.matmul_p]
+    problem = eqn.params["problem"]
+    assert problem.batch * problem.m == 4 * 6 or problem.batch == 4
+    del shapes
+
+
+def test_nested_jit_checkpoint_and_scan(fresh_tuning):
+    w = rand((8, 8)) * 0.3
+
+    @jax.jit
+    def body(carry, _):
+        return jax.checkpoint(lambda c: jnp.tanh(jax.jit(jat.matmul)(c, w)))(carry), None
+
+    x = rand((4, 8))
+    got, _ = lax.scan(body, x, None, length=5)
+    ref = np.asarray(x, np.float64)
+    for _ in range(5):
+        ref = np.tanh(ref @ np.asarray(w, np.float64))
+    assert rel_error(got, ref) < 1e-5
+    g = jax.grad(lambda x: jnp.sum(lax.scan(body, x, None, length=5)[0]))(x)
+    g_ref = jax.grad(lambda x: jnp.sum(lax.scan(
+        lambda c, _: (jnp.tanh(jnp.matmul(c, w, precision="highest")), None), x, None, length=5)[0]))(x)
+    assert rel_error(g, g_ref) < 1e-5
+
+
+def test_lowering_runs_once_per_compile(fresh_tuning):
+    f = jax.jit(lambda a, b: jat.matmul(a, b) + 1)
+    a, b = rand((12, 13)), rand((13, 14))
+    before = primitive.LOWERINGS.get("cpu", 0)
+    f(a, b)
+    f(a, b)
+    f(a + 1, b)
+    assert primitive.LOWERINGS["cpu"] - before == 1
+
+
+@pytest.mark.parametrize("mode", ["off", "cached", "tune"])
+def test_modes_that_compile_give_correct_results(fresh_tuning, mode):
+    config.update("mode", mode)
+    a, b = rand((20, 30)), rand((30, 10))
+    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < TOL["float32"]
+
+
+def test_mode_require_fails_at_compile_time_naming_the_key_until_warmed_up(fresh_tuning):
+    a, b = rand((21, 31)), rand((31, 11))
+    config.update("mode", "require")
+    with pytest.raises(jat.KeyNotTunedError, match="warmup"):
+        jax.jit(jat.matmul)(a, b)
+    config.update("mode", "tune")
+    jat.warmup([(21, 11, 31)])
+    config.update("mode", "require")
+    jax.clear_caches()
+    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < TOL["float32"]
+
+
+def test_warmup_with_grad_leaves_the_train_step_with_zero_tunings(fresh_tuning):
+    params = {"w1": rand((16, 32)) * 0.2, "w2": rand((32, 4)) * 0.2}
+    batch = rand((8, 16))
+
+    def loss(params, x):
+        return jnp.mean(jat.matmul(jax.nn.relu(jat.matmul(x, params["w1"])), params["w2"]) ** 2)
+
+    @jax.jit
+    def train_step(params, x):
+        grads = jax.grad(loss)(params, x)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+    report = jat.warmup(loss, params, batch, grad=True)
+    assert len(report) == 5  # 2 forward + 3 backward (no gradient wrt x)
+    counters.reset_stats()
+    train_step(params, batch)
+    counts = jat.stats()
+    assert counts["tuned"] == 0 and counts["candidate_runs"] == 0
+    assert counts["memory_hits"] >= 5
+
+
+def test_warmup_accepts_tuples_and_shape_dtype_pairs_and_reports_sources(fresh_tuning):
+    first = jat.warmup([(40, 30, 20), (2, 40, 30, 20)])
+    assert [e.problem.batch for e in first] == [1, 2]
+    pair = (jax.ShapeDtypeStruct((40, 20), "float32"), jax.ShapeDtypeStruct((30, 20), "float32"))
+    second = jat.warmup([pair], transpose_b=True)
+    assert second.entries[0].problem.transpose_b
+    again = jat.warmup([(40, 30, 20)])
+    assert again.entries[0].source == "memory"
+    with pytest.raises(ValueError, match=r"shapes\[0\]"):
+        jat.warmup([(0, 3, 4)])
+
+
+def test_bad_shapes_and_dimension_numbers_name_the_shapes():
+    with pytest.raises(ValueError, match=r"\(3, 4\).*\(5, 6\)"):
+        jat.matmul(jnp.ones((3, 4)), jnp.ones((5, 6)))
+    with pytest.raises(ValueError, match="at least 1-D"):
+        jat.matmul(jnp.ones(()), jnp.ones((3,)))
+    with pytest.raises(ValueError, match=r"\(3, 4\)"):
+        jat.dot_general(jnp.ones((3, 4)), jnp.ones((5, 6)), (((1,), (0,)), ((), ())))
+    with pytest.raises(ValueError, match="dimension_numbers"):
+        jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), "bad")
+    with pytest.raises(ValueError, match=r"must be distinct dims"):
+        jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), (((2,), (0,)), ((), ())))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), (((1,), (0,)), ((), ())), bogus=1)
+
+
+def test_dot_general_accepts_out_sharding_like_lax(fresh_tuning):
+    a, b = rand((3, 4)), rand((4, 5))
+    out = jat.dot_general(a, b, (((1,), (0,)), ((), ())), out_sharding=None)
+    assert rel_error(out, f64_matmul(a, b)) < TOL["float32"]
+
+
+def test_flax_linen_dense_with_the_drop_in_matches_the_default(fresh_tuning):
+    nn = pytest.importorskip("flax.linen")
+    x = rand((4, 10))
+    default = nn.Dense(7)
+    tuned = nn.Dense(7, dot_general=jat.dot_general)
+    params = default.init(jax.random.key(0), x)
+    assert rel_error(tuned.apply(params, x), default.apply(params, x)) < 1e-5
+
+
+def test_flax_nnx_linear_with_the_drop_in_matches_the_default(fresh_tuning):
+    nnx = pytest.importorskip("flax.nnx")
+    x = rand((4, 10))
+    default = nnx.Linear(10, 7, rngs=nnx.Rngs(0))
+    tuned = nnx.Linear(10, 7, rngs=nnx.Rngs(0), dot_general=jat.dot_general)
+    assert rel_error(tuned(x), default(x)) < 1e-5
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(tuned)
+    assert np.isfinite(np.asarray(grads.kernel.value)).all()
