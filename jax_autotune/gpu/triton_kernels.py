@@ -1,0 +1,318 @@
+"""Pallas kernels on the Triton backend: tiled GEMM, split-K GEMM and vector-matrix.
+
+Every kernel is ``fn(lhs, rhs, problem, config, *, interpret=False)`` on the canonical
+operands of a ``MatmulProblem`` (see ``jax_autotune.candidates``); transposed operands are
+read in place, every edge is masked so any m, n, k and batch work, and partial products
+accumulate in f32.
+
+    >>> cfg = GemmConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4,
+    ...                  num_stages=4)
+    >>> out = gemm(lhs, rhs, problem, cfg)                        # (batch, m, n)
+    >>> out = gemm(lhs, rhs, problem, cfg.with_split_k(4))        # f32 partials + sum
+    >>> out = vector_matmul(lhs, rhs, problem, VectorConfig(128, 128, 4))  # m == 1 or n == 1
+
+f32 at ``Precision.DEFAULT`` runs the tensor cores in TF32 (as XLA does on GPU); HIGH and
+HIGHEST run full-precision fp32 dots (Triton ``inputPrecision = ieee``). The
+vector kernel multiplies in f32 on the CUDA cores, so it is exact at every precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from jax_autotune.key import MatmulProblem, Precision
+
+# jax 0.10.2 and 0.11.2 both spell it ``CompilerParams``; older releases said
+# ``TritonCompilerParams``.
+_TritonCompilerParams = getattr(pl_triton, "CompilerParams", None) or getattr(
+    pl_triton, "TritonCompilerParams")
+_SQUEEZED = pl.Squeezed() if hasattr(pl, "Squeezed") else None
+
+
+# ---------------------------------------------------------------- configs
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch parameters of the tiled GEMM (block sizes: powers of 2, >= 16).
+
+    ``split_k > 1`` splits the contraction over that many programs per output tile,
+    each writing an f32 partial; the partials are summed afterwards.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {value}")
+        if self.group_m < 1 or self.split_k < 1:
+            raise ValueError(f"GemmConfig: group_m and split_k must be >= 1, got {self}")
+
+    def with_split_k(self, split_k: int) -> "GemmConfig":
+        return dataclasses.replace(self, split_k=split_k)
+
+    @property
+    def name(self) -> str:
+        base = (f"bm{self.block_m}_bn{self.block_n}_bk{self.block_k}_g{self.group_m}"
+                f"_w{self.num_warps}_s{self.num_stages}")
+        return base if self.split_k == 1 else f"{base}_sk{self.split_k}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorConfig:
+    """Tiles of the vector-matrix kernel: ``block_n`` outputs per program, ``block_k``
+    of the contraction per step (powers of 2)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"VectorConfig.{name} must be a power of two, got {value}")
+
+    @property
+    def name(self) -> str:
+        return f"bn{self.block_n}_bk{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+
+
+# ---------------------------------------------------------------- shared tiling helpers
+
+def dot_precision(problem: MatmulProblem) -> lax.Precision:
+    """The in-kernel dot precision: TF32 for f32 DEFAULT (like XLA), else full fp32."""
+    if problem.precision == Precision.DEFAULT:
+        return lax.Precision.DEFAULT
+    return lax.Precision.HIGHEST
+
+
+def compiler_params(num_warps: int, num_stages: int):
+    return _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def grouped_tile(tile: jax.Array, tiles_m: int, tiles_n: int, group_m: int):
+    """(row, col) of linear output tile ``tile`` in grouped order.
+
+    ``group_m`` consecutive row tiles sweep the columns together, so programs that run
+    at the same time share rhs column panels in L2 (Triton's tutorial ordering).
+    """
+    per_group = group_m * tiles_n
+    group = tile // per_group
+    first_row = group * group_m
+    rows_in_group = jnp.minimum(tiles_m - first_row, group_m)
+    row = first_row + (tile % per_group) % rows_in_group
+    col = (tile % per_group) // rows_in_group
+    return row, col
+
+
+def _span(start, size: int, bound: int):
+    """Index slice [start, start+size) and the mask of its in-bounds entries."""
+    return pl.ds(start, size), (start + jnp.arange(size)) < bound
+
+
+def load_tile(ref, row0, col0, rows: int, cols: int):
+    """Masked (rows, cols) tile at (row0, col0) of a 2-D ref; out-of-bounds reads are 0."""
+    row_slice, row_mask = _span(row0, rows, ref.shape[0])
+    col_slice, col_mask = _span(col0, cols, ref.shape[1])
+    mask = row_mask[:, None] & col_mask[None, :]
+    return pl_triton.load(ref.at[row_slice, col_slice], mask=mask, other=0)
+
+
+def store_tile(ref, row0, col0, value):
+    """Masked store of a 2-D ``value`` at (row0, col0) of a 2-D ref."""
+    rows, cols = value.shape
+    row_slice, row_mask = _span(row0, rows, ref.shape[0])
+    col_slice, col_mask = _span(col0, cols, ref.shape[1])
+    pl_triton.store(ref.at[row_slice, col_slice], value.astype(ref.dtype),
+                    mask=row_mask[:, None] & col_mask[None, :])
+
+
+def load_vector(ref, start, size: int):
+    """Masked 1-D slice of a 1-D ref; out-of-bounds reads are 0."""
+    index, mask = _span(start, size, ref.shape[0])
+    return pl_triton.load(ref.at[index], mask=mask, other=0)
+
+
+def load_operand_tile(ref, outer0, k0, outer: int, block_k: int, transposed: bool):
+    """Tile of an operand as stored: (outer, block_k), or (block_k, outer) when transposed.
+
+    ``outer`` is the operand's free axis (m for lhs, n for rhs); the stored orientation
+    is kept so the dot contracts the right axis in place (no materialised transpose).
+    """
+    if transposed:
+        return load_tile(ref, k0, outer0, block_k, outer)
+    return load_tile(ref, outer0, k0, outer, block_k)
+
+
+def tile_dot(a, b, a_transposed: bool, b_rhs_major: bool, precision):
+    """f32 product of an lhs tile and an rhs tile in their stored orientation.
+
+    ``a`` is (bm, bk), or (bk, bm) when ``a_transposed``; ``b`` is (bk, bn), or (bn, bk)
+    when ``b_rhs_major`` (a transposed rhs).
+    """
+    contract = ((0 if a_transposed else 1,), (1 if b_rhs_major else 0,))
+    return lax.dot_general(a, b, (contract, ((), ())), precision=precision,
+                           preferred_element_type=jnp.float32)
+
+
+def _batch_spec(shape):
+    """BlockSpec giving each program one whole batch entry of a (batch, ...) array."""
+    return pl.BlockSpec((_SQUEEZED, *shape[1:]), lambda *idx: (idx[1],) + (0,) * (len(shape) - 1))
+
+
+def _check_operands(lhs, rhs, problem: MatmulProblem):
+    if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
+        raise ValueError(f"operands {tuple(lhs.shape)} x {tuple(rhs.shape)} do not match "
+                         f"problem shapes {problem.lhs_shape} x {problem.rhs_shape}")
+
+
+# ---------------------------------------------------------------- tiled / split-K GEMM
+
+def split_k_extent(k: int, config: GemmConfig) -> int:
+    """The k range of one split: a multiple of block_k covering k in ``split_k`` parts."""
+    return pl.cdiv(pl.cdiv(k, config.split_k), config.block_k) * config.block_k
+
+
+def _gemm_kernel(lhs_ref, rhs_ref, out_ref, *, problem: MatmulProblem, config: GemmConfig):
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    tiles_m, tiles_n = pl.cdiv(problem.m, bm), pl.cdiv(problem.n, bn)
+    row, col = grouped_tile(pl.program_id(0), tiles_m, tiles_n, config.group_m)
+    m0 = pl.multiple_of(row * bm, bm)
+    n0 = pl.multiple_of(col * bn, bn)
+    k_extent = split_k_extent(problem.k, config)
+    k_begin = pl.program_id(2) * k_extent if config.split_k > 1 else 0
+    precision = dot_precision(problem)
+
+    def step(i, acc):
+        k0 = pl.multiple_of(k_begin + i * bk, bk)
+        a = load_operand_tile(lhs_ref, m0, k0, bm, bk, problem.transpose_a)
+        b = load_operand_tile(rhs_ref, n0, k0, bn, bk, not problem.transpose_b)
+        return acc + tile_dot(a, b, problem.transpose_a, problem.transpose_b, precision)
+
+    acc = lax.fori_loop(0, k_extent // bk, step, jnp.zeros((bm, bn), jnp.float32))
+    store_tile(out_ref, m0, n0, acc)
+
+
+def gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *, interpret: bool = False):
+    """Tiled GEMM (split-K when ``config.split_k > 1``); returns (batch, m, n) out_dtype.
+
+    >>> gemm(lhs, rhs, problem, GemmConfig(64, 64, 32), interpret=True)
+    """
+    _check_operands(lhs, rhs, problem)
+    tiles = pl.cdiv(problem.m, config.block_m) * pl.cdiv(problem.n, config.block_n)
+    split = config.split_k
+    out_dtype = jnp.float32 if split > 1 else jnp.dtype(problem.out_dtype)
+    if split > 1:
+        grid = (tiles, problem.batch, split)
+        out_shape = jax.ShapeDtypeStruct((split, problem.batch, problem.m, problem.n), out_dtype)
+        out_spec = pl.BlockSpec((_SQUEEZED, _SQUEEZED, problem.m, problem.n),
+                                lambda t, b, s: (s, b, 0, 0))
+    else:
+        grid = (tiles, problem.batch)
+        out_shape = jax.ShapeDtypeStruct(problem.out_shape, out_dtype)
+        out_spec = _batch_spec(problem.out_shape)
+    out = pl.pallas_call(
+        functools.partial(_gemm_kernel, problem=problem, config=config),
+        out_shape=out_shape,
+        grid=grid,
+        in_specs=[_batch_spec(problem.lhs_shape), _batch_spec(problem.rhs_shape)],
+        out_specs=out_spec,
+        compiler_params=compiler_params(config.num_warps, config.num_stages),
+        interpret=interpret,
+        name=f"gemm_{config.name}",
+    )(lhs, rhs)
+    if split > 1:
+        out = out.sum(axis=0)
+    return out.astype(problem.out_dtype)
+
+
+# ---------------------------------------------------------------- vector x matrix
+
+def _vector_kernel(vec_ref, mat_ref, out_ref, *, k: int, mat_n_major: bool,
+                   config: VectorConfig):
+    bn, bk = config.block_n, config.block_k
+    n0 = pl.multiple_of(pl.program_id(0) * bn, bn)
+
+    def step(i, acc):
+        k0 = pl.multiple_of(i * bk, bk)
+        x = load_vector(vec_ref, k0, bk).astype(jnp.float32)
+        tile = load_operand_tile(mat_ref, n0, k0, bn, bk, not mat_n_major).astype(jnp.float32)
+        if mat_n_major:  # tile is (bn, bk)
+            return acc + jnp.sum(tile * x[None, :], axis=1)
+        return acc + jnp.sum(tile * x[:, None], axis=0)  # tile is (bk, bn)
+
+    acc = lax.fori_loop(0, pl.cdiv(k, bk), step, jnp.zeros((bn,), jnp.float32))
+    index, mask = _span(n0, bn, out_ref.shape[0])
+    pl_triton.store(out_ref.at[index], acc.astype(out_ref.dtype), mask=mask)
+
+
+def vector_matmul(lhs, rhs, problem: MatmulProblem, config: VectorConfig, *,
+                  interpret: bool = False):
+    """Matrix-vector product for m == 1 (VecMat) or n == 1 (MatVec); (batch, m, n) out.
+
+    Both are one kernel, out[j] = sum_k vec[k] * mat[k, j]: for n == 1 the matrix is the
+    lhs seen from the other side (its stored (m, k) rows are the outputs).
+
+    >>> vector_matmul(x, w, problem, VectorConfig(block_n=128, block_k=128))
+    """
+    _check_operands(lhs, rhs, problem)
+    if problem.m == 1:
+        vec, mat, length = lhs, rhs, problem.n
+        mat_n_major = problem.transpose_b  # rhs stored (batch, n, k)
+    elif problem.n == 1:
+        vec, mat, length = rhs, lhs, problem.m
+        mat_n_major = not problem.transpose_a  # lhs stored (batch, m, k)
+    else:
+        raise ValueError(f"vector_matmul needs m == 1 or n == 1, got m={problem.m} "
+                         f"n={problem.n}")
+    vec = vec.reshape(problem.batch, problem.k)  # a (1, k) or (k, 1) matrix: free reshape
+    out = pl.pallas_call(
+        functools.partial(_vector_kernel, k=problem.k, mat_n_major=mat_n_major, config=config),
+        out_shape=jax.ShapeDtypeStruct((problem.batch, length), jnp.dtype(problem.out_dtype)),
+        grid=(pl.cdiv(length, config.block_n), problem.batch),
+        in_specs=[_batch_spec(vec.shape), _batch_spec(mat.shape)],
+        out_specs=_batch_spec((problem.batch, length)),
+        compiler_params=compiler_params(config.num_warps, config.num_stages),
+        interpret=interpret,
+        name=f"vector_matmul_{config.name}",
+    )(vec, mat)
+    return out.reshape(problem.out_shape)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_count(problem: MatmulProblem, config: GemmConfig) -> int:
+    """Programs a GEMM launch runs: output tiles x batch x splits."""
+    return (cdiv(problem.m, config.block_m) * cdiv(problem.n, config.block_n)
+            * problem.batch * config.split_k)
+
+
+def shared_memory_bytes(config: GemmConfig, itemsize: int) -> int:
+    """Pipelined operand buffers Triton allocates: stages x (A tile + B tile)."""
+    stages = max(config.num_stages, 1)
+    return stages * (config.block_m + config.block_n) * config.block_k * itemsize
+
+
+__all__ = [
+    "GemmConfig", "VectorConfig", "gemm", "vector_matmul", "grouped_tile", "load_tile",
+    "store_tile", "load_vector", "load_operand_tile", "tile_dot", "dot_precision",
+    "compiler_params", "split_k_extent", "tile_count", "shared_memory_bytes", "cdiv",
+]

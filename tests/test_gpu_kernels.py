@@ -1,0 +1,221 @@
+"""GPU kernel logic on CPU: Pallas Triton kernels in interpret mode, and the GPU candidate set.
+
+Interpret mode runs the kernel bodies (tiling, grouped order, masks, split-K, in-place
+transposed reads, batch) but not Triton's compiler: num_warps/num_stages and the
+TF32 path are only exercised on the device (tests/test_gpu_device.py).
+"""
+
+import numpy as np
+import pytest
+
+from jax_autotune.candidates import DeviceInfo
+from jax_autotune.gpu import mosaic_kernels
+from jax_autotune.gpu.candidates import gpu_candidate_set
+from jax_autotune.gpu.padded import padded
+from jax_autotune.gpu.triton_kernels import GemmConfig, VectorConfig, gemm, grouped_tile, vector_matmul
+from jax_autotune.key import Kind, MatmulProblem
+from jax_autotune.xla_dot import XLA_DOT_NAME, xla_dot
+
+H200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0), frozenset())
+A100 = DeviceInfo("gpu", "NVIDIA A100-SXM4-80GB", 80 * 2**30, (8, 0), frozenset())
+SMALL = GemmConfig(block_m=16, block_n=32, block_k=16, group_m=2)
+
+
+def operands(problem, seed, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal(problem.lhs_shape).astype(dtype)
+    rhs = rng.standard_normal(problem.rhs_shape).astype(dtype)
+    return lhs, rhs
+
+
+def reference(lhs, rhs, problem):
+    a, b = lhs.astype(np.float64), rhs.astype(np.float64)
+    if problem.transpose_a:
+        a = a.transpose(0, 2, 1)
+    if problem.transpose_b:
+        b = b.transpose(0, 2, 1)
+    return a @ b
+
+
+def rel_error(out, ref):
+    out = np.asarray(out, np.float64)
+    assert out.shape == ref.shape
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def problem(batch, m, n, k, ta=False, tb=False, dtype="float32", precision="HIGHEST"):
+    return MatmulProblem(batch, m, n, k, dtype, dtype, dtype, ta, tb, precision)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 7, 33), (7, 33, 65), (33, 65, 7), (65, 1, 33), (33, 33, 1)])
+def test_the_tiled_gemm_masks_every_ragged_edge(m, n, k):
+    p = problem(1, m, n, k)
+    lhs, rhs = operands(p, seed=m * 100 + n)
+    assert rel_error(gemm(lhs, rhs, p, SMALL, interpret=True), reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_transposed_operands_are_read_in_place_in_all_four_layouts(ta, tb):
+    p = problem(3, 33, 17, 65, ta, tb)  # odd batch too
+    lhs, rhs = operands(p, seed=int(ta) * 2 + int(tb))
+    assert rel_error(gemm(lhs, rhs, p, SMALL, interpret=True), reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("split_k", [2, 3, 5])
+def test_split_k_sums_f32_partials_to_the_full_product(split_k):
+    p = problem(2, 17, 33, 65, tb=True, dtype="bfloat16", precision="DEFAULT")
+    lhs, rhs = operands(p, seed=split_k, dtype=np.float32)
+    lhs, rhs = lhs.astype("bfloat16"), rhs.astype("bfloat16")
+    out = gemm(lhs, rhs, p, SMALL.with_split_k(split_k), interpret=True)
+    assert str(out.dtype) == "bfloat16"
+    ref = reference(np.asarray(lhs, np.float32), np.asarray(rhs, np.float32), p)
+    assert rel_error(out, ref) < 1e-2
+
+
+def test_more_splits_than_k_blocks_leaves_empty_splits_harmless():
+    p = problem(1, 7, 9, 20)
+    lhs, rhs = operands(p, seed=11)
+    out = gemm(lhs, rhs, p, SMALL.with_split_k(4), interpret=True)
+    assert rel_error(out, reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("m,n,ta,tb", [(1, 65, False, False), (1, 33, False, True),
+                                       (65, 1, False, False), (33, 1, True, False),
+                                       (1, 1, False, False)])
+def test_the_vector_kernel_serves_vecmat_and_matvec(m, n, ta, tb):
+    p = problem(2, m, n, 33, ta, tb)
+    lhs, rhs = operands(p, seed=m + n)
+    out = vector_matmul(lhs, rhs, p, VectorConfig(16, 16), interpret=True)
+    assert rel_error(out, reference(lhs, rhs, p)) < 1e-6
+
+
+def test_the_vector_kernel_refuses_a_general_problem():
+    p = problem(1, 4, 4, 4)
+    lhs, rhs = operands(p, seed=0)
+    with pytest.raises(ValueError, match="m == 1 or n == 1"):
+        vector_matmul(lhs, rhs, p, VectorConfig(16, 16), interpret=True)
+
+
+def test_padding_to_aligned_sizes_gives_the_unpadded_product():
+    p = problem(3, 33, 17, 65, True, True)
+    lhs, rhs = operands(p, seed=5)
+    ref = reference(lhs, rhs, p)
+    assert rel_error(padded(xla_dot, 8)(lhs, rhs, p), ref) < 1e-6
+    kernel = padded(lambda a, b, q: gemm(a, b, q, SMALL, interpret=True), 64)
+    assert rel_error(kernel(lhs, rhs, p), ref) < 1e-6
+
+
+def test_grouped_order_visits_every_tile_once():
+    import jax.numpy as jnp
+    tiles_m, tiles_n = 5, 3
+    seen = {tuple(int(v) for v in grouped_tile(jnp.int32(t), tiles_m, tiles_n, 2))
+            for t in range(tiles_m * tiles_n)}
+    assert seen == {(r, c) for r in range(tiles_m) for c in range(tiles_n)}
+
+
+def test_a_config_rejects_blocks_triton_cannot_tile():
+    with pytest.raises(ValueError, match="power of two"):
+        GemmConfig(block_m=24, block_n=32, block_k=16)
+
+
+# ---------------------------------------------------------------- the candidate set
+
+def first_round(cset, device, key):
+    """Names of the plan's first round: top tier of the highest non-skipped group."""
+    groups = sorted((g for g in cset.groups if g.priority(key) >= 0),
+                    key=lambda g: (-g.priority(key), g.index))
+    for group in groups:
+        tiers = [(m.priority(key), m.candidate) for m in cset.memberships
+                 if m.group == group.name and m.priority(key) >= 0
+                 and cset.by_name(m.candidate).supports(device, key)]
+        if tiers:
+            top = max(p for p, _ in tiers)
+            return group.name, [name for p, name in tiers if p == top]
+    return None, []
+
+
+def key_of(m, n, k, dtype="bfloat16", **kw):
+    return MatmulProblem(1, m, n, k, dtype, dtype, dtype, **kw).key("balanced")
+
+
+def test_xla_dot_is_candidate_zero_and_names_are_unique():
+    cset = gpu_candidate_set(H200)
+    assert cset.fallback.name == XLA_DOT_NAME
+    assert len(set(cset.names())) == len(cset.names())
+    assert all(m.candidate != XLA_DOT_NAME for m in cset.memberships)
+    for c in cset.candidates[1:]:
+        assert c.params and c.cost is not None
+
+
+@pytest.mark.parametrize("shape,dtype,group", [
+    ((768, 768, 768), "bfloat16", "triton_gemm"),
+    ((1025, 1025, 1025), "float32", "padded"),
+    ((4096, 4096, 4096), "bfloat16", "accelerated"),
+    ((4096, 4096, 4096), "float32", "triton_gemm"),
+    ((16, 8192, 8192), "bfloat16", "skinny_gemv"),
+    ((128, 8192, 8192), "bfloat16", "split_k"),
+    ((1, 4096, 4096), "float32", "skinny_gemv"),
+])
+def test_each_probe_shape_gets_a_small_first_round_on_an_h200(shape, dtype, group):
+    cset = gpu_candidate_set(H200)
+    chosen_group, names = first_round(cset, H200, key_of(*shape, dtype))
+    assert chosen_group == group
+    assert 1 <= len(names) <= 10
+
+
+def test_cost_orders_a_round_by_a_positive_time_estimate():
+    cset = gpu_candidate_set(H200)
+    p = MatmulProblem(1, 768, 768, 768, "bfloat16", "bfloat16", "bfloat16")
+    _, names = first_round(cset, H200, p.key("balanced"))
+    costs = [cset.by_name(n).cost(p) for n in names]
+    assert all(0 < c < 1e-2 for c in costs)
+
+
+def test_mosaic_is_skipped_on_an_a100_and_unsupported_there():
+    cset = gpu_candidate_set(A100)
+    key = key_of(4096, 4096, 4096)
+    accelerated = next(g for g in cset.groups if g.name == "accelerated")
+    assert accelerated.priority(key) < 0
+    mosaic = [c for c in cset.candidates if c.name.startswith("mosaic_wgmma")]
+    assert mosaic and not any(c.supports(A100, key) for c in mosaic)
+    assert any(c.supports(H200, key) for c in mosaic) == mosaic_kernels.AVAILABLE
+    assert first_round(cset, A100, key)[0] == "triton_gemm"
+
+
+def test_mosaic_needs_aligned_n_and_k_and_no_transposes():
+    cset = gpu_candidate_set(H200)
+    mosaic = next(c for c in cset.candidates if c.name.startswith("mosaic_wgmma"))
+    assert not mosaic.supports(H200, key_of(4096, 4000, 4096))
+    assert not mosaic.supports(H200, key_of(4096, 4096, 4096, transpose_b=True))
+    assert not mosaic.supports(H200, key_of(4096, 4096, 4096, dtype="float32"))
+
+
+def test_a_mosaic_config_over_shared_memory_is_filtered_by_its_estimate():
+    too_big = mosaic_kernels.MosaicConfig(128, 256, 64, 4, "N")
+    assert not mosaic_kernels.fits_shared_memory(too_big, "bfloat16")
+    assert mosaic_kernels.fits_shared_memory(mosaic_kernels.MosaicConfig(128, 128, 64, 4), "bfloat16")
+    p = MatmulProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "bfloat16")
+    assert "shared memory" in mosaic_kernels.shape_supported(too_big, p)
+
+
+def test_triton_configs_over_a_devices_shared_memory_are_unsupported_there():
+    rtx = DeviceInfo("gpu", "NVIDIA RTX A6000", 48 * 2**30, (8, 6), frozenset())  # 99 KiB
+    cset = gpu_candidate_set(rtx)
+    key = key_of(16, 8192, 8192, dtype="float32")
+    big = cset.by_name("triton_gemm_bm16_bn64_bk128_g8_w4_s4")  # 4 x (16 + 64) x 128 x 4 B
+    assert big.supports(H200, key) and big.supports(A100, key) and not big.supports(rtx, key)
+
+
+def test_nothing_but_xla_runs_on_a_cpu_device():
+    cpu = DeviceInfo("cpu", "cpu")
+    cset = gpu_candidate_set(H200)
+    key = key_of(768, 768, 768)
+    assert not any(c.supports(cpu, key) for c in cset.candidates[1:])
+
+
+def test_vector_kinds_go_to_the_vector_kernels():
+    cset = gpu_candidate_set(H200)
+    key = key_of(4096, 1, 4096, dtype="float32")
+    assert key.kind == Kind.MAT_VEC
+    group, names = first_round(cset, H200, key)
+    assert group == "skinny_gemv" and all(n.startswith("triton_vector") for n in names)
