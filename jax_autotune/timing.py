@@ -56,24 +56,27 @@ def _block(x):
 
 
 class _WallClockMeasurement:
-    def __init__(self, single, looped, reps: int, args: tuple, clock):
-        self.single, self.looped, self.reps, self.args, self.clock = single, looped, reps, args, clock
+    def __init__(self, looped, reps: int, args: tuple, clock):
+        self.looped, self.reps, self.args, self.clock = looped, reps, args, clock
 
     def output(self):
         counters.bump("candidate_runs")
-        return _block(self.single(*self.args))
+        return _block(self.looped(*self.args, np.int32(1)))
 
     def sample(self) -> float:
+        return self.time(self.reps) / self.reps
+
+    def time(self, reps: int) -> float:
         start = self.clock()
-        _block(self.looped(*self.args))
-        elapsed = self.clock() - start
-        counters.bump("candidate_runs", self.reps)
-        return elapsed / self.reps
+        _block(self.looped(*self.args, np.int32(reps)))
+        counters.bump("candidate_runs", reps)
+        return self.clock() - start
 
 
 class WallClockTimer:
-    """Host clock; repeats small problems inside one executable (about ``target_seconds``
-    per sample, at most ``max_reps`` matmuls)."""
+    """Host clock around one executable that runs the candidate ``reps`` times, so that one
+    sample lasts about ``target_seconds`` (at most ``max_reps`` matmuls) and dispatch is
+    amortised; ``reps`` is calibrated once per candidate from runs of 1 and 16."""
 
     name = "wall_clock"
 
@@ -81,41 +84,37 @@ class WallClockTimer:
         self.target_seconds, self.max_reps, self.clock = target_seconds, max_reps, clock
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
-        single = compile_candidate(candidate, problem, args)
-        _block(single(*args))  # first run: page-in, thread-pool start
-        start = self.clock()
-        _block(single(*args))
-        once = self.clock() - start
-        reps = 1
-        if once < self.target_seconds:
-            reps = int(min(self.max_reps, math.ceil(self.target_seconds / max(once, 1e-7))))
-        looped = single
-        if reps > 1:
-            looped = _compile_repeated(candidate, problem, args, reps)
-        return _WallClockMeasurement(single, looped, reps, args, self.clock)
+        looped = compile_repeated(candidate.fn, problem, args)
+        measurement = _WallClockMeasurement(looped, 1, args, self.clock)
+        measurement.time(1)  # first run: page-in, thread-pool start
+        once = measurement.time(1)
+        per_rep = max((measurement.time(16) - once) / 15, 1e-8)
+        measurement.reps = int(min(self.max_reps, max(1, math.ceil(self.target_seconds / per_rep))))
+        return measurement
 
 
-def _compile_repeated(candidate: Candidate, problem: MatmulProblem, args: tuple, reps: int):
-    """One executable running the candidate ``reps`` times; each iteration nudges one lhs
-    element by a negligible amount taken from the last output, so XLA cannot hoist the
-    matmul out of the loop."""
+def compile_repeated(fn, problem, args: tuple):
+    """``executable(lhs, rhs, reps)``: ``fn`` run ``reps`` times in one loop, returning the
+    last output. The operands pass through an optimization barrier in each iteration, so
+    XLA cannot hoist the loop-invariant matmul out of the loop, at no runtime cost."""
 
-    def run(lhs, rhs):
+    def run(lhs, rhs, reps):
         def body(_, carry):
-            lhs, out = carry
-            nudge = (out.reshape(-1)[0].astype(jnp.float32) * 1e-30).astype(lhs.dtype)
-            lhs = lhs.at[(0,) * lhs.ndim].add(nudge)
-            return lhs, candidate.fn(lhs, rhs, problem)
+            lhs, rhs, _ = carry
+            lhs, rhs = lax.optimization_barrier((lhs, rhs))
+            return lhs, rhs, fn(lhs, rhs, problem)
 
-        out = candidate.fn(lhs, rhs, problem)
-        return lax.fori_loop(1, reps, body, (lhs, out))[1]
+        out = jax.eval_shape(lambda a, b: fn(a, b, problem), lhs, rhs)
+        return lax.fori_loop(0, reps, body, (lhs, rhs, jnp.zeros(out.shape, out.dtype)))[2]
 
-    compiled = jax.jit(run).lower(*args).compile()
+    compiled = jax.jit(run).lower(*args, np.int32(1)).compile()
     counters.bump("candidate_compiles")
     return compiled
 
 
 class _DeviceMeasurement:
+    reps = 1
+
     def __init__(self, compiled, args, measure):
         self.compiled, self.args, self.measure = compiled, args, measure
 
@@ -159,8 +158,26 @@ def timer_for(platform: str) -> Timer:
     return WallClockTimer()
 
 
+HOST_RANDOM_MAX_ELEMENTS = 1 << 22
+
+
 def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
-    """Fresh random operands (never zeros) of the problem's stored shapes and dtypes."""
+    """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
+
+    Drawn on the host (no compile) up to ``HOST_RANDOM_MAX_ELEMENTS`` per operand, on the
+    device with ``jax.random`` beyond.
+    """
+    rng = np.random.default_rng(seed)
+    if max(math.prod(problem.lhs_shape), math.prod(problem.rhs_shape)) <= HOST_RANDOM_MAX_ELEMENTS:
+        def host(shape, dtype):
+            dtype = jnp.dtype(dtype)
+            if jnp.issubdtype(dtype, jnp.integer):
+                return rng.integers(1, 8, shape).astype(dtype)
+            if jnp.issubdtype(dtype, jnp.bool_):
+                return np.ones(shape, dtype)
+            return rng.standard_normal(shape, np.float32).astype(dtype)
+        return tuple(_block(jax.device_put(host(shape, dtype), device)) for shape, dtype in (
+            (problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype)))
     key_lhs, key_rhs = jax.random.split(jax.random.key(seed))
 
     def draw(key, shape, dtype):
