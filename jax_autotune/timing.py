@@ -76,7 +76,8 @@ class _WallClockMeasurement:
 class WallClockTimer:
     """Host clock around one executable that runs the candidate ``reps`` times, so that one
     sample lasts about ``target_seconds`` (at most ``max_reps`` matmuls) and dispatch is
-    amortised; ``reps`` is calibrated once per candidate from runs of 1 and 16."""
+    amortised; ``reps`` is calibrated once per candidate from runs of 1 and, when one run
+    is shorter than the target, of 16."""
 
     name = "wall_clock"
 
@@ -88,8 +89,9 @@ class WallClockTimer:
         measurement = _WallClockMeasurement(looped, 1, args, self.clock)
         measurement.time(1)  # first run: page-in, thread-pool start
         once = measurement.time(1)
-        per_rep = max((measurement.time(16) - once) / 15, 1e-8)
-        measurement.reps = int(min(self.max_reps, max(1, math.ceil(self.target_seconds / per_rep))))
+        if once < self.target_seconds:
+            per_rep = max((measurement.time(16) - once) / 15, 1e-8)
+            measurement.reps = int(min(self.max_reps, math.ceil(self.target_seconds / per_rep)))
         return measurement
 
 
