@@ -4,8 +4,9 @@ Three probes feed the roofline bounds, each with an explicit stopping rule:
 
 * ``launch_overhead``: the time of one trivial launch (on CPU one FFI call inside an
   executable when the native module is built, else one trivial op; on GPU the device
-  time of a one-element kernel). Samples until the median of the samples moves by
-  less than 2% over the last 3 samples (at least 5 samples), or 2,000 launches, or
+  time of a one-element kernel). Samples until the running median of the samples moves
+  by less than 2% over the last 5 samples (at least 10 samples, after 5 discarded warm-up
+  samples), or 2,000 launches, or
   0.3 s; the value is the median sample. (The reference spends 18k-250k launches.)
 * ``compute/<dtype>/<precision>``: XLA's dot on a square problem large enough to fill
   the device; ops / the best sample once 3 samples agree within 3%, at most 10.
@@ -42,7 +43,9 @@ from jax_autotune.timing import Timer, WallClockTimer, random_operands
 PROBE_VERSION = "probe-v1"
 LAUNCH_MAX = 2000
 LAUNCH_MAX_SECONDS = 0.3
-LAUNCH_MIN_SAMPLES = 5
+LAUNCH_MIN_SAMPLES = 10
+LAUNCH_WARMUP_SAMPLES = 5  # taken first and discarded (cold caches, clocks ramping up)
+LAUNCH_SETTLE_WINDOW = 5
 LAUNCH_SETTLE = 0.02
 PEAK_AGREE = 0.03
 PEAK_MAX_SAMPLES = 10
@@ -67,13 +70,15 @@ def sample_launch_overhead(sample: Callable[[], tuple[float, int]], *, max_launc
     samples: list[float] = []
     launches = 0
     medians: list[float] = []
+    for _ in range(LAUNCH_WARMUP_SAMPLES):
+        launches += sample()[1]
     while True:
         seconds, used = sample()
         launches += used
         samples.append(seconds)
         medians.append(statistics.median(samples))
         if len(samples) >= min_samples:
-            recent = medians[-3:]
+            recent = medians[-LAUNCH_SETTLE_WINDOW:]
             if (max(recent) - min(recent)) <= settle * min(recent):
                 break
         if launches >= max_launches or clock() - start >= max_seconds:
@@ -162,16 +167,20 @@ class Probes:
         candidate = Candidate(name, lambda a, b, p: fn(a, b))
         return (timer or self.timer).prepare(candidate, problem, args)
 
-    def _probe_launch(self) -> ProbeResult:
+    def launch_measurement(self):
+        """(measurement, launches per sample) of one trivial launch on this device."""
         problem = MatmulProblem(1, 1, 1, 1, "float32", "float32", "float32")
         args = random_operands(problem, self.jax_device, seed=1)
         fn = self.launch_fn or (lambda a, b: a * b)
         timer = self.timer
         if isinstance(timer, WallClockTimer):
-            # small executables so that one sample is a few dozen launches
+            # small executables, so that one sample is a few dozen launches
             timer = WallClockTimer(target_seconds=2e-4, max_reps=100, clock=timer.clock)
         measurement = self._prepare("probe_launch", fn, problem, args, timer)
-        reps = getattr(measurement, "reps", 1)
+        return measurement, getattr(measurement, "reps", 1)
+
+    def _probe_launch(self) -> ProbeResult:
+        measurement, reps = self.launch_measurement()
         return sample_launch_overhead(lambda: (measurement.sample(), reps))
 
     def _probe_compute(self, dtype: str, precision: Precision) -> ProbeResult:
