@@ -117,21 +117,25 @@ def compile_repeated(fn, problem, args: tuple):
 class _DeviceMeasurement:
     reps = 1
 
-    def __init__(self, compiled, args, measure):
-        self.compiled, self.args, self.measure = compiled, args, measure
+    def __init__(self, compiled, args, profiler):
+        self.compiled, self.args, self.profiler = compiled, args, profiler
 
     def output(self):
         counters.bump("candidate_runs")
         return _block(self.compiled(*self.args))
 
-    def sample(self) -> float:
+    def sample(self) -> float | None:
+        """Device time of one run; None when the profiler saw no kernel."""
         counters.bump("candidate_runs")
-        _, milliseconds = self.measure(self.compiled)(*self.args)
-        return milliseconds * 1e-3
+        _, milliseconds = self.profiler.measure(self.compiled, iterations=1)(*self.args)
+        if isinstance(milliseconds, (list, tuple)):
+            milliseconds = milliseconds[0] if milliseconds else None
+        return None if milliseconds is None else milliseconds * 1e-3
 
 
 class DeviceTimer:
-    """GPU kernel time from JAX's CUPTI profiler; ``available()`` says if it works here."""
+    """GPU kernel time on the device from JAX's CUPTI profiler (every kernel the
+    executable launches, summed; launch gaps excluded)."""
 
     name = "device_cupti"
 
@@ -139,15 +143,9 @@ class DeviceTimer:
         from jax.experimental.mosaic.gpu import profiler
         self._profiler = profiler
 
-    def _measure(self, fn):
-        try:
-            return self._profiler.measure(fn, mode="cupti")
-        except TypeError:  # older signature without mode
-            return self._profiler.measure(fn)
-
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
-        return _DeviceMeasurement(compiled, args, self._measure)
+        return _DeviceMeasurement(compiled, args, self._profiler)
 
 
 def timer_for(platform: str) -> Timer:

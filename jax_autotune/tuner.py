@@ -191,7 +191,8 @@ class Tuner:
         rules = self.rules or dataclasses.replace(DEFAULT_RULES)
         budget = rules.budget_seconds or config.get("budget_seconds")
         inputs = random_operands(problem, self._jax_device())
-        ref = reference(problem, *inputs)
+        on_host = self.device.platform == "cpu"
+        ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
         peaks = self.probes.peaks_for(problem)
         bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
         bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
