@@ -1,0 +1,64 @@
+"""The tuner end to end on a GPU: device timing, probes, decisions and numerics.
+
+Marked ``gpu``: skipped without a CUDA GPU; results on an H200 are recorded in
+benchmarks/results/.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_autotune as jat
+from jax_autotune.timing import DeviceTimer
+from jax_autotune.tuner import tuner_for
+
+pytestmark = pytest.mark.gpu
+RNG = np.random.default_rng(7)
+
+
+def rel_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+def test_the_gpu_tuner_times_on_the_device_and_has_probed_peaks(fresh_tuning):
+    tuner = tuner_for("gpu")
+    assert isinstance(tuner.timer, DeviceTimer)
+    assert tuner.device.compute_capability is not None
+    problem = jat.MatmulProblem(1, 768, 768, 768, "bfloat16", "bfloat16", "bfloat16")
+    decision = tuner.select(problem)
+    assert decision.source == "tuned"
+    xla = decision.result("xla_dot")
+    assert xla is not None and xla.outcome == "ok" and 0 < xla.score < 1e-3
+    assert decision.limit is not None and decision.bounds["compute_peak"] > 1e14
+
+
+@pytest.mark.parametrize("dtype, tol", [("bfloat16", 2e-2), ("float32", 5e-3)])
+@pytest.mark.parametrize("batch, m, n, k", [((), 1, 1025, 1025), ((), 7, 1000, 33),
+                                             ((2,), 768, 768, 768), ((), 1025, 1025, 1025)])
+def test_tuned_matmul_on_gpu_matches_float64(fresh_tuning, dtype, tol, batch, m, n, k):
+    a = jnp.asarray(RNG.standard_normal((*batch, m, k)), dtype)
+    b = jnp.asarray(RNG.standard_normal((*batch, k, n)), dtype)
+    out = jax.jit(jat.matmul)(a, b)
+    want = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    assert out.shape == want.shape and rel_error(out, want) < tol
+
+
+def test_highest_precision_f32_stays_full_fp32_on_gpu(fresh_tuning):
+    a = jnp.asarray(RNG.standard_normal((1000, 1000)), jnp.float32)
+    b = jnp.asarray(RNG.standard_normal((1000, 1000)), jnp.float32)
+    out = jax.jit(lambda x, y: jat.matmul(x, y, precision="highest"))(a, b)
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    assert rel_error(out, want) < 2e-5
+
+
+def test_grad_on_gpu_matches_jnp(fresh_tuning):
+    x = jnp.asarray(RNG.standard_normal((256, 1025)), jnp.bfloat16)
+    w = jnp.asarray(RNG.standard_normal((1025, 768)), jnp.bfloat16)
+    f = lambda mm: lambda x, w: jnp.sum(mm(x, w).astype(jnp.float32) ** 2)  # noqa: E731
+    got = jax.grad(f(jat.matmul), argnums=(0, 1))(x, w)
+    want = jax.grad(f(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)
+                      .astype(jnp.bfloat16)), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        assert rel_error(g, h) < 3e-2
