@@ -11,6 +11,7 @@ from jax_autotune.decision import CandidateResult, Decision
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, MatmulProblem, Precision, Scale, key_for
 from jax_autotune.counters import reset_stats, stats
 from jax_autotune.store import JaxAutotuneStoreWarning
+from jax_autotune.tune_table import TuneTable, TuneTableError, TuneTableWarning, load_table, table
 from jax_autotune.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup
 
@@ -19,5 +20,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
     "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "__version__", "config",
-    "WarmupReport", "dot_general", "key_for", "matmul", "reset_stats", "stats", "warmup",
+    "TuneTable", "TuneTableError", "TuneTableWarning", "WarmupReport", "dot_general", "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
 ]

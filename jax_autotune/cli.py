@@ -17,13 +17,8 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax-autotune", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    from jax_autotune import cli_keys
-    cli_keys.register(subparsers)
-    for module_name in ("cli_shapes", "cli_table"):
-        try:
-            module = __import__(f"jax_autotune.{module_name}", fromlist=["register"])
-        except ImportError:
-            continue
+    from jax_autotune import cli_keys, cli_shapes, cli_table
+    for module in (cli_keys, cli_shapes, cli_table):
         module.register(subparsers)
     return parser
 

@@ -308,6 +308,12 @@ def tuner_for(platform: str) -> Tuner:
         return _tuners[platform]
 
 
+def built_tuners() -> list[Tuner]:
+    """The tuners ``tuner_for`` has built in this process."""
+    with _tuners_lock:
+        return list(_tuners.values())
+
+
 def reset_tuners() -> None:
     """Forget every tuner (memory tables, probes, store handles); the next use rebuilds.
 

@@ -1,0 +1,344 @@
+"""Tune tables: what they hold, their JSON schema, validation on load, installing, merging."""
+
+import copy
+import dataclasses
+import functools
+import json
+import pickle
+import warnings
+
+import jax
+import pytest
+
+from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
+from jax_autotune import config, counters
+from jax_autotune import tuner as tuner_module
+from jax_autotune.candidates import DeviceInfo
+from jax_autotune.decision import Decision
+from jax_autotune.key import MatmulProblem
+from jax_autotune.roofline import Peaks
+from jax_autotune.store import TuneStore, decision_namespace
+from jax_autotune.tune_table import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
+                                TuneTableWarning, current_tuners, load_table, table)
+from jax_autotune.tuner import Tuner, reset_tuners
+
+PROBLEM_A = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
+PROBLEM_B = MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32")
+OTHER_GPU = "gpu-Other-GPU-mem1"
+
+
+class FakeProbes:
+    def peaks_for(self, problem):
+        return Peaks(compute=1e12, bandwidth=1e11, launch_overhead=1e-6)
+
+
+def make_tuner(store, device: DeviceInfo = CPU, extra=()) -> Tuner:
+    """A tuner with three fake candidates: ``fast`` (1 s) beats ``slow`` (2 s) and
+    ``xla_dot`` (3 s)."""
+    cset = candidate_set([("g", 1)], [(fake_candidate("fast"), [("g", 1)]),
+                                      (fake_candidate("slow"), [("g", 1)]), *extra])
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0], "new": [0.5]},
+                      real_outputs=True)
+    return Tuner(device, cset, jax_device=jax.devices("cpu")[0], timer=timer, store=store,
+                 clock=FakeClock(), probes=FakeProbes())
+
+
+@functools.cache
+def tuned_decisions() -> tuple[Decision, ...]:
+    """Real decisions of PROBLEM_A and PROBLEM_B, benchmarked once per test session (each
+    benchmark compiles fresh operands: seconds on a busy machine)."""
+    tuner = make_tuner(TuneStore(None))
+    return tuple(tuner.select(p) for p in (PROBLEM_A, PROBLEM_B))
+
+
+def tuned_tuner(store) -> Tuner:
+    """A tuner that has tuned PROBLEM_A and PROBLEM_B: in memory and in ``store``."""
+    tuner = make_tuner(store)
+    for decision in tuned_decisions():
+        assert tuner.install(decision)
+    return tuner
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(tmp_path):
+    """Never touch the user's cache: a tmp cache dir, no tuners, fresh counters."""
+    config.reset()
+    config.update("cache_dir", str(tmp_path / "cache"))
+    reset_tuners()
+    counters.reset_stats()
+    yield
+    reset_tuners()
+    config.reset()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TuneStore(tmp_path / "tuned.db")
+    yield s
+    s.close()
+
+
+def fresh_tuner(tmp_path, name="fresh.db") -> Tuner:
+    return make_tuner(TuneStore(tmp_path / name))
+
+
+def write_json(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def load_quietly(path, tuners):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = TuneTable.load(path, tuners=tuners)
+    return loaded, [w for w in caught if issubclass(w.category, TuneTableWarning)]
+
+
+# ---------------------------------------------------------------- what a table holds
+
+def test_a_table_holds_every_decision_with_every_candidate_result(store):
+    tuner = tuned_tuner(store)
+    t = table(tuners=[tuner])
+    section = t.devices[CPU.fingerprint]
+    assert section.checksum == tuner.checksum
+    assert section.candidates == ("xla_dot", "fast", "slow")
+    assert len(t) == 2
+    for decision in section.entries:
+        assert decision.winner == "fast"
+        assert {r.name for r in decision.results} == {"xla_dot", "fast", "slow"}
+        assert decision.limit is not None and decision.bounds
+
+
+def test_a_table_includes_the_store_entries_of_every_device_of_this_version(store, tmp_path):
+    tuned_tuner(store)
+    later = make_tuner(store)  # a new process: nothing in memory, the same database
+    foreign = dataclasses.replace(later.lookup(PROBLEM_A.key()), device=OTHER_GPU, checksum="gpu-set")
+    store.put(decision_namespace(OTHER_GPU), PROBLEM_A.key().canonical(), "gpu-set",
+              foreign.to_json())
+    store.put("autotune/0.0.1/0.4.0/old-device/matmul", "k", "c", foreign.to_json())  # old version
+    t = table(tuners=[later])
+    assert set(t.devices) == {CPU.fingerprint, OTHER_GPU}
+    assert len(t.devices[CPU.fingerprint].entries) == 2
+    assert t.devices[OTHER_GPU].checksum == "gpu-set"
+    assert set(t.devices[OTHER_GPU].candidates) == {"xla_dot", "fast", "slow"}
+
+
+def test_the_default_table_reads_the_tuners_built_in_this_process(store, monkeypatch):
+    tuner = tuned_tuner(store)
+    assert len(table()) == 0
+    monkeypatch.setitem(tuner_module._tuners, "cpu", tuner)
+    assert len(table()) == 2
+    assert current_tuners() == [tuner]
+
+
+# ---------------------------------------------------------------- the JSON schema
+
+def test_save_then_load_round_trips_the_table(store, tmp_path):
+    tuner = tuned_tuner(store)
+    t = table(tuners=[tuner])
+    path = t.save(tmp_path / "out" / "table.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == "jax_autotune.tune_table" and data["schema_version"] == SCHEMA_VERSION
+    assert set(data) == {"schema", "schema_version", "jax_autotune_version", "jax_version",
+                         "created", "devices"}
+    assert set(data["devices"][CPU.fingerprint]) == {"checksum", "candidates", "entries"}
+    assert TuneTable.load(path, tuners=[tuner]) == t
+
+
+def test_text_that_is_not_json_is_a_tune_table_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"schema": "jax_autotune.tune_table", ')
+    with pytest.raises(TuneTableError, match="not a JSON tune table"):
+        TuneTable.load(path, tuners=[])
+
+
+def test_a_pickle_is_never_unpickled(tmp_path):
+    class Boom:
+        def __reduce__(self):
+            return (pytest.fail, ("unpickled!",))
+
+    path = tmp_path / "table.pkl"
+    path.write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(TuneTableError):
+        TuneTable.load(path, tuners=[])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("schema", "someone.else", "schema: expected 'jax_autotune.tune_table'"),
+    ("schema_version", 2, "schema_version: this build reads version 1, got 2"),
+    ("schema_version", "1", "schema_version: expected an integer"),
+])
+def test_an_unknown_schema_or_version_is_refused(store, tmp_path, field, value, message):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    data[field] = value
+    with pytest.raises(TuneTableError, match=message):
+        TuneTable.load(write_json(tmp_path / "t.json", data), tuners=[])
+
+
+def _set(path_in_entry, value):
+    def mutate(data):
+        target = data["devices"][CPU.fingerprint]
+        *parents, last = path_in_entry
+        for part in parents:
+            target = target[part]
+        target[last] = value
+    return mutate
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.update(created=12), "created"),
+    (lambda d: d.update(devices=[]), "devices"),
+    (_set(["checksum"], 5), 'devices["cpu-fake-cpu-mem0"].checksum'),
+    (_set(["candidates"], "xla_dot"), "candidates"),
+    (_set(["candidates", 1], 7), "candidates[1]"),
+    (_set(["entries", 0, "winner"], 5), "entries[0].winner"),
+    (_set(["entries", 1, "timestamp"], "yesterday"), "entries[1].timestamp"),
+    (_set(["entries", 0, "results", 1, "samples"], "fast"), "results[1].samples"),
+    (_set(["entries", 0, "results", 0, "outcome"], "great"), "results[0].outcome"),
+    (_set(["entries", 0, "key", "m"], "big"), "'m'"),
+    (_set(["entries", 0, "problem"], None), "entries[0].problem"),
+], ids=["created", "devices", "checksum", "candidates", "candidate-name", "winner",
+        "timestamp", "samples", "outcome", "key-field", "problem"])
+def test_a_field_of_the_wrong_type_is_an_error_naming_the_field(store, tmp_path, mutate, field):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    mutate(data)
+    with pytest.raises(TuneTableError) as info:
+        TuneTable.load(write_json(tmp_path / "t.json", data), tuners=[])
+    assert field in str(info.value)
+    assert "t.json" in str(info.value)
+
+
+# ---------------------------------------------------------------- entries this build cannot use
+
+def test_entries_with_an_unknown_winner_are_skipped_with_one_warning(store, tmp_path):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    for entry in data["devices"][CPU.fingerprint]["entries"]:
+        entry["winner"] = "renamed_kernel"
+    loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [fresh_tuner(tmp_path)])
+    assert len(caught) == 1
+    assert "skipped 2 tune-table entries" in str(caught[0].message)
+    assert "winner" in str(caught[0].message)
+    assert len(loaded) == 0
+
+
+def test_a_winner_listed_by_the_table_but_unknown_to_this_build_is_skipped(store, tmp_path):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    data["devices"][CPU.fingerprint]["candidates"].append("renamed_kernel")
+    data["devices"][CPU.fingerprint]["entries"][0]["winner"] = "renamed_kernel"
+    loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [fresh_tuner(tmp_path)])
+    assert len(caught) == 1 and "skipped 1 tune-table entry" in str(caught[0].message)
+    assert len(loaded) == 1
+
+
+def test_entries_of_a_changed_candidate_set_are_skipped(store, tmp_path):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    grown = make_tuner(TuneStore(tmp_path / "grown.db"), extra=[(fake_candidate("new"), [("g", 1)])])
+    loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [grown])
+    assert len(caught) == 1 and "checksum" in str(caught[0].message)
+    assert len(loaded) == 0
+    assert load_table(loaded, tuners=[grown]) is loaded and grown.lookup(PROBLEM_A.key()) is None
+
+
+def test_an_entry_whose_checksum_differs_from_its_device_is_skipped(store, tmp_path):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    data["devices"][CPU.fingerprint]["entries"][1]["checksum"] = "tampered"
+    loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [])
+    assert len(caught) == 1 and "skipped 1" in str(caught[0].message)
+    assert len(loaded) == 1
+
+
+def test_entries_of_other_devices_are_kept_but_not_installed(store, tmp_path):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    data["devices"][OTHER_GPU] = dict(copy.deepcopy(data["devices"][CPU.fingerprint]),
+                                      checksum="gpu-set",
+                                      candidates=["xla_dot", "fast", "triton_128x128"])
+    for entry in data["devices"][OTHER_GPU]["entries"]:
+        entry.update(checksum="gpu-set", winner="triton_128x128")
+    path = write_json(tmp_path / "t.json", data)
+    fresh = fresh_tuner(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load_table(path, tuners=[fresh])
+    assert len(loaded.devices[OTHER_GPU].entries) == 2
+    assert {d.winner for _, d in loaded.entries(OTHER_GPU)} == {"triton_128x128"}
+    assert fresh.store.entries(decision_namespace(OTHER_GPU)) == []
+    assert len(fresh.store.entries(fresh.namespace)) == 2
+
+
+# ---------------------------------------------------------------- installing
+
+def test_load_table_installs_into_the_memory_table_and_the_store(store, tmp_path):
+    path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
+    counters.reset_stats()
+    fresh = fresh_tuner(tmp_path)
+    load_table(path, tuners=[fresh])
+    decision = fresh.select(PROBLEM_A, mode="require")
+    assert decision.winner == "fast" and decision.source == "memory"
+    assert counters.stats()["tuned"] == 0 and counters.stats()["candidate_runs"] == 0
+    another_process = make_tuner(TuneStore(tmp_path / "fresh.db"))
+    assert another_process.select(PROBLEM_B, mode="require").source == "store"
+
+
+def test_load_table_without_install_changes_nothing(store, tmp_path):
+    path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
+    fresh = fresh_tuner(tmp_path)
+    loaded = load_table(path, install=False, tuners=[fresh])
+    assert len(loaded) == 2 and fresh.decisions() == []
+
+
+def test_load_table_defaults_to_the_tuner_of_the_default_backend(store, tmp_path, monkeypatch):
+    path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
+    fresh = fresh_tuner(tmp_path)
+    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
+    load_table(str(path))
+    assert fresh.lookup(PROBLEM_A.key()).winner == "fast"
+
+
+def test_load_table_names_a_bad_argument():
+    with pytest.raises(TypeError, match="path_or_table"):
+        load_table(42, tuners=[])
+
+
+# ---------------------------------------------------------------- merging and summaries
+
+def _table_with(decisions, checksum="c1", device=CPU.fingerprint):
+    return TuneTable({device: DeviceTable(checksum, ("xla_dot", "fast", "slow"), tuple(decisions))})
+
+
+def test_merge_keeps_the_newer_entry_per_device_and_key_and_every_device(store):
+    tuner = tuned_tuner(store)
+    a, b = (tuner.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
+    old_a, new_a = dataclasses.replace(a, timestamp=1.0), dataclasses.replace(a, winner="slow", timestamp=2.0)
+    mine = _table_with([old_a, dataclasses.replace(b, timestamp=5.0)])
+    theirs = TuneTable({**_table_with([new_a, dataclasses.replace(b, winner="slow", timestamp=3.0)]).devices,
+                        **_table_with([old_a], device=OTHER_GPU).devices})
+    merged = mine.merge(theirs)
+    section = merged.devices[CPU.fingerprint]
+    assert section.entry(a.key).winner == "slow"  # theirs is newer
+    assert section.entry(b.key).winner == "fast"  # mine is newer
+    assert set(merged.devices) == {CPU.fingerprint, OTHER_GPU}
+    tie = _table_with([dataclasses.replace(old_a, winner="slow")])
+    assert mine.merge(tie).devices[CPU.fingerprint].entry(a.key).winner == "fast"  # a tie keeps self
+
+
+def test_merge_takes_a_device_of_another_candidate_set_whole_from_the_newer_table(store):
+    tuner = tuned_tuner(store)
+    a, b = (tuner.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
+    old = _table_with([dataclasses.replace(a, timestamp=1.0), dataclasses.replace(b, timestamp=1.0)])
+    new = _table_with([dataclasses.replace(a, timestamp=2.0, winner="slow")], checksum="c2")
+    assert old.merge(new).devices[CPU.fingerprint] == new.devices[CPU.fingerprint]
+    assert new.merge(old).devices[CPU.fingerprint] == new.devices[CPU.fingerprint]
+
+
+def test_summary_rows_compare_the_winner_with_xla_and_the_roofline(store):
+    tuner = tuned_tuner(store)
+    rows = table(tuners=[tuner]).summary_rows()
+    assert [row.winner for row in rows] == ["fast", "fast"]
+    row = rows[0]
+    decision = tuner.lookup(PROBLEM_A.key())
+    assert row.winner_seconds == 1.0 and row.xla_seconds == 3.0 and row.speedup == 3.0
+    assert row.roofline_fraction == pytest.approx(decision.limit / 1.0)
+    assert row.samples == len(decision.result("fast").samples) > 0
+    assert row.outcomes == {"ok": 3}
+    only_b = table(tuners=[tuner]).summary_rows(key=f"m={PROBLEM_B.key().m} ")
+    assert [r.key for r in only_b] == [PROBLEM_B.key().canonical()]
