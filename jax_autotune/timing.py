@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Protocol
@@ -161,39 +162,39 @@ def timer_for(platform: str) -> Timer:
 HOST_RANDOM_MAX_ELEMENTS = 1 << 22
 
 
+def _host_draw(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return rng.integers(1, 8, shape).astype(dtype)
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return np.ones(shape, dtype)
+    return rng.standard_normal(shape, np.float32).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _device_draw(key, shape, dtype):
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jax.random.randint(key, shape, 1, 8).astype(dtype)
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return jnp.ones(shape, dtype)
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
 def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
     """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
 
     Drawn on the host (no compile) up to ``HOST_RANDOM_MAX_ELEMENTS`` per operand, on the
     device with ``jax.random`` beyond.
     """
-    rng = np.random.default_rng(seed)
+    specs = ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))
     if max(math.prod(problem.lhs_shape), math.prod(problem.rhs_shape)) <= HOST_RANDOM_MAX_ELEMENTS:
-        def host(shape, dtype):
-            dtype = jnp.dtype(dtype)
-            if jnp.issubdtype(dtype, jnp.integer):
-                return rng.integers(1, 8, shape).astype(dtype)
-            if jnp.issubdtype(dtype, jnp.bool_):
-                return np.ones(shape, dtype)
-            return rng.standard_normal(shape, np.float32).astype(dtype)
-        return tuple(_block(jax.device_put(host(shape, dtype), device)) for shape, dtype in (
-            (problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype)))
-    key_lhs, key_rhs = jax.random.split(jax.random.key(seed))
-
-    def draw(key, shape, dtype):
-        dtype = jnp.dtype(dtype)
-        if jnp.issubdtype(dtype, jnp.integer):
-            values = jax.random.randint(key, shape, 1, 8).astype(dtype)
-        elif jnp.issubdtype(dtype, jnp.bool_):
-            values = jnp.ones(shape, dtype)
-        else:
-            values = jax.random.normal(key, shape, jnp.float32).astype(dtype)
-        return values
-
+        rng = np.random.default_rng(seed)
+        return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device))
+                     for shape, dtype in specs)
+    keys = jax.random.split(jax.random.key(seed))
     with jax.default_device(device):
-        lhs = jax.jit(draw, static_argnums=(1, 2))(key_lhs, problem.lhs_shape, problem.lhs_dtype)
-        rhs = jax.jit(draw, static_argnums=(1, 2))(key_rhs, problem.rhs_shape, problem.rhs_dtype)
-    return _block(lhs), _block(rhs)
+        return tuple(_block(_device_draw(key, shape, dtype)) for key, (shape, dtype) in zip(keys, specs))
 
 
 def as_numpy(x) -> np.ndarray:
