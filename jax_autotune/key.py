@@ -458,7 +458,7 @@ def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: b
         raise ValueError(f"batch dims of lhs {lhs_shape} and rhs {rhs_shape} do not "
                          f"broadcast") from err
     out_dtype = (np.dtype(preferred_element_type) if preferred_element_type is not None
-                 else np.dtype(jnp.result_type(lhs_dtype, rhs_dtype)))
+                 else np.dtype(jnp.promote_types(lhs_dtype, rhs_dtype)))
     return MatmulProblem(
         batch=int(np.prod(batch_shape, dtype=np.int64)), m=int(m), n=int(n), k=int(k_lhs),
         lhs_dtype=lhs_dtype.name, rhs_dtype=rhs_dtype.name, out_dtype=out_dtype.name,

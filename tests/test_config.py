@@ -1,0 +1,105 @@
+"""Configuration: precedence, files, and errors that name what is allowed."""
+
+import os
+
+import pytest
+
+from jax_autotune import config
+from jax_autotune.config import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    for setting in config.SETTINGS.values():
+        monkeypatch.delenv(setting.env, raising=False)
+    monkeypatch.chdir(tmp_path)
+    config.reset()
+    yield
+    config.reset()
+
+
+def test_defaults():
+    assert config.get("level") == "balanced"
+    assert config.get("mode") == "tune"
+    assert config.get("cache") is True
+    assert config.get("environment") == "default"
+    assert config.get("log_decisions") is None
+    assert config.source("mode") == "default"
+
+
+def test_the_default_store_is_the_user_cache_dir_not_the_working_directory(tmp_path):
+    import platformdirs
+    assert config.get("cache_dir") == platformdirs.user_cache_dir("jax_autotune", appauthor=False)
+    assert not config.get("cache_dir").startswith(str(tmp_path))
+
+
+def test_precedence_is_explicit_over_env_over_file_over_default(monkeypatch, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.jax_autotune]\nmode = "cached"\nlevel = "full"\n')
+    config.reset()
+    assert (config.get("mode"), config.source("mode")) == ("cached", str(tmp_path / "pyproject.toml"))
+    monkeypatch.setenv("JAX_AUTOTUNE_MODE", "require")
+    assert (config.get("mode"), config.source("mode")) == ("require", "env")
+    config.update("mode", "off")
+    assert (config.get("mode"), config.source("mode")) == ("off", "explicit")
+    config.update("mode", None)
+    assert config.get("mode") == "require"
+    assert config.get("level") == "full"
+
+
+def test_the_nearest_file_walking_up_wins_and_jax_autotune_toml_counts(monkeypatch, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.jax_autotune]\nenvironment = "outer"\n')
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    (tmp_path / "a" / "jax_autotune.toml").write_text('environment = "inner"\n')
+    monkeypatch.chdir(inner)
+    assert config.get("environment") == "inner"
+    monkeypatch.chdir(tmp_path)
+    assert config.get("environment") == "outer"
+
+
+def test_a_pyproject_without_the_table_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.jax_autotune]\nmode = "off"\n')
+    inner = tmp_path / "pkg"
+    inner.mkdir()
+    (inner / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    monkeypatch.chdir(inner)
+    assert config.get("mode") == "off"
+
+
+def test_env_values_are_parsed(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAX_AUTOTUNE_CACHE", "0")
+    monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", "~/somewhere")
+    monkeypatch.setenv("JAX_AUTOTUNE_LOG_DECISIONS", "stderr")
+    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", "2.5")
+    assert config.get("cache") is False
+    assert config.get("cache_dir") == os.path.expanduser("~/somewhere")
+    assert config.get("log_decisions") == "stderr"
+    assert config.get("budget_seconds") == 2.5
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("mode", "fast", "tune, cached, require, off"),
+    ("level", "medium", "minimal, balanced, extensive, full"),
+    ("cache", "maybe", "'1'"),
+    ("environment", "../etc", "database name"),
+    ("budget_seconds", "-1", "positive number"),
+])
+def test_a_bad_value_names_the_setting_and_what_is_allowed(name, value, allowed):
+    with pytest.raises(ConfigError, match=name) as info:
+        config.update(name, value)
+    assert allowed in str(info.value)
+
+
+def test_a_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("JAX_AUTOTUNE_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="JAX_AUTOTUNE_MODE"):
+        config.get("mode")
+
+
+def test_an_unknown_setting_lists_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown setting 'speed'.*level"):
+        config.update("speed", 1)
+    (tmp_path / "jax_autotune.toml").write_text('speed = 3\n')
+    config.reset()
+    with pytest.raises(ConfigError, match="unknown setting"):
+        config.get("mode")
