@@ -19,11 +19,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_autotune.key import MatmulProblem
 from jax_autotune.tuner import tuner_for
+from jax_autotune.xla_dot import dimension_numbers
 
 matmul_p = Primitive("autotuned_matmul")
 
@@ -36,11 +38,38 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem):
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    lhs, rhs = _match_varying_axes(lhs, rhs)
     return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key())
 
 
+def _varying_axes(x) -> frozenset:
+    """The shard_map axes ``x`` varies over (empty outside shard_map)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)  # jax >= 0.10 keeps them here
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _match_varying_axes(lhs, rhs):
+    """Inside shard_map, mark an operand varying over the other's axes, as lax.dot_general
+    does, so that autodiff sums the cotangent of a replicated operand across shards."""
+    lhs_axes, rhs_axes = _varying_axes(lhs), _varying_axes(rhs)
+    if lhs_axes == rhs_axes:
+        return lhs, rhs
+    union = lhs_axes | rhs_axes
+    if lhs_axes != union:
+        lhs = lax.pcast(lhs, tuple(sorted(union - lhs_axes)), to="varying")
+    if rhs_axes != union:
+        rhs = lax.pcast(rhs, tuple(sorted(union - rhs_axes)), to="varying")
+    return lhs, rhs
+
+
 def _abstract_eval(lhs, rhs, *, problem, key):
-    return jax.core.ShapedArray(problem.out_shape, jnp.dtype(problem.out_dtype))
+    """The output aval by lax.dot_general's own rule, so shard_map's varying axes and
+    shardings propagate exactly as for XLA's dot."""
+    out, _ = lax.dot_general_p.abstract_eval(
+        lhs, rhs, dimension_numbers=dimension_numbers(problem), precision=None,
+        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=None)
+    return out
 
 
 def _lowering(platform: str):
