@@ -47,9 +47,7 @@ def _cpu_model() -> str:
 
 def _time_case(batch, m, n, k, dtype, chain, samples):
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    from jax import lax
 
     import jax_autotune as jat
     from jax_autotune.key import MatmulProblem

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np

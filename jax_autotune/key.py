@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 from typing import Any, Sequence
 

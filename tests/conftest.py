@@ -5,6 +5,7 @@ import os
 import pytest
 
 from jax_autotune import config, counters
+from jax_autotune.store import TuneStore
 from jax_autotune.tuner import reset_tuners
 
 
@@ -44,3 +45,11 @@ def fresh_tuning(tmp_path):
     yield tmp_path / "cache"
     config.reset()
     reset_tuners()
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store of its own for a tuner built directly in a test."""
+    s = TuneStore(tmp_path / "tuned.db")
+    yield s
+    s.close()

@@ -20,7 +20,9 @@ from jax_autotune import tuner as tuner_module  # noqa: E402
 from jax_autotune.checkpoint import TUNE_TABLE_FILENAME, TuneTableRestore, TuneTableSave  # noqa: E402
 from jax_autotune.store import TuneStore  # noqa: E402
 from jax_autotune.tune_table import TuneTableError, table  # noqa: E402
-from test_table import PROBLEM_A, clean_environment, make_tuner, tuned_tuner  # noqa: E402,F401
+from test_table import PROBLEM_A, make_tuner, tuned_tuner  # noqa: E402,F401
+
+pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "shipping.md"
 

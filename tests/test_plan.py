@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from fakes import CPU, candidate_set, fake_candidate
-from jax_autotune.candidates import Candidate, CandidateSetBuilder
+from jax_autotune.candidates import CandidateSetBuilder
 from jax_autotune.key import key_for
 from jax_autotune.plan import DEMOTED, make_plan
 

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
-from jax_autotune import config, counters
+from jax_autotune import counters
 from jax_autotune import tuner as tuner_module
 from jax_autotune.candidates import DeviceInfo
 from jax_autotune.decision import Decision
@@ -19,8 +19,10 @@ from jax_autotune.key import MatmulProblem
 from jax_autotune.roofline import Peaks
 from jax_autotune.store import TuneStore, decision_namespace
 from jax_autotune.tune_table import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
-                                TuneTableWarning, current_tuners, load_table, table)
-from jax_autotune.tuner import Tuner, reset_tuners
+                                   TuneTableWarning, current_tuners, load_table, table)
+from jax_autotune.tuner import Tuner
+
+pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
 PROBLEM_A = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
 PROBLEM_B = MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32")
@@ -59,23 +61,6 @@ def tuned_tuner(store) -> Tuner:
     return tuner
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(tmp_path):
-    """Never touch the user's cache: a tmp cache dir, no tuners, fresh counters."""
-    config.reset()
-    config.update("cache_dir", str(tmp_path / "cache"))
-    reset_tuners()
-    counters.reset_stats()
-    yield
-    reset_tuners()
-    config.reset()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TuneStore(tmp_path / "tuned.db")
-    yield s
-    s.close()
 
 
 def fresh_tuner(tmp_path, name="fresh.db") -> Tuner:

@@ -5,7 +5,6 @@ import threading
 import jax
 import pytest
 
-import jax_autotune as jat
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
 from jax_autotune import config, counters
 from jax_autotune.key import MatmulProblem
@@ -43,13 +42,6 @@ def clean(tmp_path):
     counters.reset_stats()
     yield
     config.reset()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TuneStore(tmp_path / "t.db")
-    yield s
-    s.close()
 
 
 def test_lookup_order_is_memory_then_store_then_tune(store):
