@@ -63,8 +63,10 @@ class KeyBenchmark:
 
     def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference: np.ndarray,
                  timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
-                 clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf):
+                 clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
+                 platform: str = "gpu"):
         self.problem, self.inputs, self.reference = problem, inputs, reference
+        self.platform = platform
         self.timer, self.limit, self.rules, self.clock = timer, limit, rules, clock
         self.deadline = clock() + budget_seconds
         self.results: dict[str, CandidateResult] = {}
@@ -136,7 +138,7 @@ class KeyBenchmark:
     def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
         rules = self.rules
         try:
-            verdict = check(measurement.output(), self.reference, self.problem)
+            verdict = check(measurement.output(), self.reference, self.problem, self.platform)
         except Exception as err:  # noqa: BLE001
             self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
             return

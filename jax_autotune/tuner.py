@@ -196,7 +196,7 @@ class Tuner:
         peaks = self.probes.peaks_for(problem)
         bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
         bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
-                             clock=self.clock, budget_seconds=budget)
+                             clock=self.clock, budget_seconds=budget, platform=self.device.platform)
         for round_ in plan.rounds:
             if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
                 break

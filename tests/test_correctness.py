@@ -1,0 +1,70 @@
+"""Correctness gating: references, tolerances by dtype and precision, NaN never passes."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_autotune.correctness import check, reference, tolerance
+from jax_autotune.key import MatmulProblem, Precision
+from jax_autotune.timing import random_operands
+from jax_autotune.xla_dot import xla_dot
+
+PROBLEM = MatmulProblem(3, 33, 17, 65, "float32", "float32", "float32", transpose_a=True)
+
+
+def operands_and_output(problem):
+    lhs, rhs = random_operands(problem, jax.devices()[0], seed=3)
+    return lhs, rhs, jax.jit(lambda a, b: xla_dot(a, b, problem, Precision.HIGHEST))(lhs, rhs)
+
+
+@pytest.mark.parametrize("host_max_macs", [2**31, 0])
+def test_the_host_and_device_references_agree_and_accept_a_correct_output(host_max_macs):
+    lhs, rhs, out = operands_and_output(PROBLEM)
+    ref = reference(PROBLEM, lhs, rhs, host_max_macs=host_max_macs)
+    assert isinstance(ref, np.ndarray) == (host_max_macs > 0)
+    verdict = check(out, ref, PROBLEM, platform="cpu")
+    assert verdict.ok and verdict.rel_error < 1e-6
+
+
+@pytest.mark.parametrize("host_max_macs", [2**31, 0])
+def test_a_wrong_or_non_finite_output_fails(host_max_macs):
+    lhs, rhs, out = operands_and_output(PROBLEM)
+    ref = reference(PROBLEM, lhs, rhs, host_max_macs=host_max_macs)
+    nudged = out.at[0, 0, 0].add(1.0)
+    assert not check(nudged, ref, PROBLEM, platform="cpu").ok  # one element off by 1.0
+    bad = check(out.at[1, 2, 3].set(jnp.nan), ref, PROBLEM)
+    assert not bad.ok and np.isnan(bad.rel_error)
+    assert not check(out[:, :5], ref, PROBLEM).ok  # wrong shape
+
+
+def test_tolerances_follow_dtype_precision_and_platform():
+    f32 = PROBLEM
+    assert tolerance(f32, "gpu") == 5e-3  # TF32 allowed at DEFAULT, as XLA does on GPUs
+    assert tolerance(dataclasses.replace(f32, precision=Precision.HIGHEST), "gpu") == 3e-5
+    assert tolerance(f32, "cpu") == 3e-5  # no TF32 on the CPU
+    bf16 = dataclasses.replace(f32, lhs_dtype="bfloat16", rhs_dtype="bfloat16", out_dtype="bfloat16")
+    assert tolerance(bf16) == 3e-2
+    wide_out = dataclasses.replace(bf16, out_dtype="float32")
+    assert tolerance(wide_out) == 3e-2
+    ints = dataclasses.replace(f32, lhs_dtype="int32", rhs_dtype="int32", out_dtype="int32")
+    assert tolerance(ints) == 0.0
+
+
+def test_integer_problems_are_checked_exactly():
+    problem = MatmulProblem(1, 5, 4, 3, "int32", "int32", "int32")
+    lhs, rhs = random_operands(problem, jax.devices()[0])
+    out = jax.jit(lambda a, b: xla_dot(a, b, problem))(lhs, rhs)
+    ref = reference(problem, lhs, rhs)
+    assert ref.dtype == np.int64 and check(out, ref, problem).ok
+    assert not check(out.at[0, 0, 0].add(1), ref, problem).ok
+
+
+def test_random_operands_are_never_zero_and_have_the_stored_shapes():
+    problem = MatmulProblem(2, 7, 5, 3, "bfloat16", "bfloat16", "float32", transpose_b=True)
+    lhs, rhs = random_operands(problem, jax.devices()[0])
+    assert lhs.shape == problem.lhs_shape and rhs.shape == problem.rhs_shape
+    assert lhs.dtype == jnp.bfloat16
+    assert float(jnp.mean(lhs != 0)) > 0.98 and float(jnp.std(rhs.astype(jnp.float32))) > 0.5
