@@ -7,6 +7,11 @@ threads, checks each against an f32 HIGHEST XLA reference and times the good one
 device time (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``).
 
     PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out $OUT [--quick]
+    PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out $OUT --experiment 1   # or 2
+
+``--experiment N`` skips the candidate set and times the performance pass's explicit
+candidates for the goal shapes instead (``experiment_cases``, ``experiment_cases_2``),
+writing ``$OUT/gpu_kernels_experiment.json``.
 
 Writes ``$OUT/gpu_kernels_probe.json`` (every candidate's result) and prints a table.
 """
@@ -32,7 +37,8 @@ from jax_autotune.candidates import DeviceInfo  # noqa: E402
 from jax_autotune.gpu import mosaic_kernels  # noqa: E402
 from jax_autotune.gpu.candidates import gpu_candidate_set  # noqa: E402
 from jax_autotune.key import MatmulProblem, Precision  # noqa: E402
-from jax_autotune.xla_dot import xla_dot  # noqa: E402
+from jax_autotune.candidates import Candidate  # noqa: E402
+from jax_autotune.xla_dot import XLA_DOT_NAME, xla_dot  # noqa: E402
 
 SHAPES = [(768, 768, 768), (1000, 1000, 1000), (1025, 1025, 1025), (1024, 1024, 1024),
           (4096, 4096, 4096), (16, 8192, 8192), (128, 8192, 8192), (8192, 8192, 128),
@@ -113,13 +119,6 @@ def short(err: BaseException) -> str:
 def probe_case(problem: MatmulProblem, device, cset, seed: int, records: list, explore: bool,
                explore_groups=()):
     key = problem.key("balanced")
-    k1, k2 = jax.random.split(jax.random.key(seed))
-    lhs = jax.random.normal(k1, problem.lhs_shape, jnp.float32).astype(problem.lhs_dtype)
-    rhs = jax.random.normal(k2, problem.rhs_shape, jnp.float32).astype(problem.rhs_dtype)
-    ref = jax.jit(lambda a, b: xla_dot(a.astype(jnp.float32), b.astype(jnp.float32),
-                                       problem, Precision.HIGHEST).astype(jnp.float32))(lhs, rhs)
-    tol = TOLERANCE[(problem.lhs_dtype, problem.precision.value if problem.lhs_dtype == "float32"
-                     else "DEFAULT")]
     entries = [("B", "baseline", cset.fallback)] + [
         e for e in plan_for(cset, device, key) if explore or e[0] == "R"]
     named = {e[2].name for e in entries}
@@ -128,6 +127,18 @@ def probe_case(problem: MatmulProblem, device, cset, seed: int, records: list, e
         if m.group in explore_groups and m.candidate not in named and cand.supports(device, key):
             named.add(m.candidate)
             entries.append(("x", m.group, cand))
+    probe_entries(problem, entries, seed, records)
+
+
+def probe_entries(problem: MatmulProblem, entries, seed: int, records: list):
+    """Compile ``entries`` in 8 threads, check each against f32 HIGHEST, time the good ones."""
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    lhs = jax.random.normal(k1, problem.lhs_shape, jnp.float32).astype(problem.lhs_dtype)
+    rhs = jax.random.normal(k2, problem.rhs_shape, jnp.float32).astype(problem.rhs_dtype)
+    ref = jax.jit(lambda a, b: xla_dot(a.astype(jnp.float32), b.astype(jnp.float32),
+                                       problem, Precision.HIGHEST).astype(jnp.float32))(lhs, rhs)
+    tol = TOLERANCE[(problem.lhs_dtype, problem.precision.value if problem.lhs_dtype == "float32"
+                     else "DEFAULT")]
 
     def compile_one(entry):
         marker, group, cand = entry
@@ -186,12 +197,134 @@ def smem_overflow_check(records):
     records.append(rec)
 
 
+# ---------------------------------------------------------------- --experiment
+
+def experiment_cases():
+    """(problem, [(name, fn)]) for the performance pass: explicit candidates per goal shape.
+
+    Ordered by what is at stake, so a budget cut drops the least important cases.
+    """
+    from jax_autotune.gpu.packed import packed_gemm
+    from jax_autotune.gpu.padded import padded
+    from jax_autotune.gpu.triton_kernels import GemmConfig, gemm
+    from jax_autotune.gpu.xla_variants import xla_split_k, xla_transposed
+
+    def g(bm, bn, bk, w, s, sk=1):
+        return GemmConfig(bm, bn, bk, 8, w, s, sk)
+
+    def tri(cfg):
+        return (f"triton_gemm_{cfg.name}", lambda a, b, p, c=cfg: gemm(a, b, p, c))
+
+    def pk(cfg, k_major):
+        return (f"packed_{'kmajor' if k_major else 'asis'}_{cfg.name}",
+                lambda a, b, p, c=cfg: packed_gemm(a, b, p, c, k_major=k_major))
+
+    def sk(s):
+        return (f"xla_split_k{s}", xla_split_k(s))
+
+    xt = ("xla_transposed", xla_transposed)
+    pad8 = ("padded_xla_dot_a8", padded(xla_dot, 8))
+    f32_medium = [g(64, 128, 32, 4, 4), g(128, 64, 32, 4, 4), g(64, 64, 32, 4, 4),
+                  g(128, 128, 32, 8, 3)]
+    bf16_medium = [g(64, 128, 64, 4, 4), g(128, 64, 64, 4, 4), g(64, 64, 64, 4, 4),
+                   g(128, 128, 64, 8, 3)]
+
+    def P(m, n, k, dt, prec="DEFAULT"):
+        return MatmulProblem(1, m, n, k, dt, dt, dt, precision=prec)
+
+    f, b = "float32", "bfloat16"
+    return [
+        (P(768, 768, 768, f), [pk(c, True) for c in f32_medium]
+         + [pk(g(64, 64, 64, 4, 3), True), pk(g(64, 128, 32, 4, 4), False), xt]),
+        (P(1000, 1000, 1000, f), [pk(c, True) for c in f32_medium] + [xt]),
+        (P(1025, 1025, 1025, f), [pk(c, True) for c in f32_medium] + [pad8]),
+        (P(8192, 8192, 128, f), [pk(c, True) for c in (
+            g(128, 128, 32, 4, 3), g(128, 256, 32, 8, 3), g(256, 128, 32, 8, 3),
+            g(128, 128, 64, 4, 2), g(128, 256, 64, 8, 2))] + [xt]),
+        (P(128, 8192, 8192, f), [sk(2), sk(4), sk(8), xt]),
+        (P(1025, 1025, 1025, b), [pk(c, False) for c in bf16_medium] + [pad8, xt]),
+        (P(8192, 8192, 128, b), [tri(c) for c in (
+            g(128, 256, 64, 8, 2), g(256, 128, 64, 8, 2), g(128, 128, 64, 4, 2),
+            g(64, 256, 64, 4, 2), g(128, 128, 64, 8, 3))] + [xt]),
+        (P(1000, 1000, 1000, b), [tri(c) for c in bf16_medium]
+         + [pk(g(128, 64, 64, 4, 4), False), pk(g(64, 128, 64, 4, 4), False), xt]),
+        (P(768, 768, 768, b), [tri(c) for c in bf16_medium] + [tri(g(64, 128, 64, 4, 3, 2)), xt]),
+        (P(128, 8192, 8192, b), [sk(2), sk(4), tri(g(128, 64, 64, 4, 4)),
+                                 tri(g(64, 128, 64, 4, 4)), tri(g(128, 128, 64, 8, 4, 2))]),
+        (P(16, 8192, 8192, b), [tri(g(16, 64, 128, 4, 4)), tri(g(16, 128, 128, 4, 4)),
+                                tri(g(16, 64, 256, 4, 3)), sk(2)]),
+        (P(1000, 1000, 1000, f, "HIGHEST"), [pk(g(64, 128, 32, 4, 4), True)]),
+    ]
+
+
+def experiment_cases_2():
+    """Round 2: XLA-level variants (fast to compile) next to round 1's winners."""
+    from jax_autotune.gpu.packed import packed_gemm
+    from jax_autotune.gpu.padded import padded
+    from jax_autotune.gpu.triton_kernels import GemmConfig, gemm
+    from jax_autotune.gpu.xla_variants import xla_algorithm, xla_split_k, xla_transposed
+
+    def P(m, n, k, dt, prec="DEFAULT"):
+        return MatmulProblem(1, m, n, k, dt, dt, dt, precision=prec)
+
+    def pb(align, fn=xla_dot, tag=""):
+        return (f"padded_xla_dot{tag}_a{align}_barrier", padded(fn, align, barrier=True))
+
+    def sk(s, t=False):
+        return (f"xla_split_k{s}{'_transposed' if t else ''}", xla_split_k(s, t))
+
+    al, xt = ("xla_algorithm", xla_algorithm), ("xla_transposed", xla_transposed)
+    best_1025 = GemmConfig(128, 128, 64, 8, 8, 3)
+    f, b = "float32", "bfloat16"
+    return [
+        (P(1025, 1025, 1025, f), [pb(8), pb(32), pb(64), pb(64, xla_transposed, "_T"), al]),
+        (P(1025, 1025, 1025, b), [pb(8), pb(64), al, ("packed_asis_" + best_1025.name,
+            lambda x, y, p: packed_gemm(x, y, p, best_1025, k_major=False))]),
+        (P(128, 8192, 8192, f), [xt, sk(2, True), sk(4, True), al]),
+        (P(1000, 1000, 1000, f), [al, sk(2), sk(2, True), pb(64)]),
+        (P(768, 768, 768, f), [al, sk(2), sk(2, True)]),
+        (P(8192, 8192, 128, f), [al]),
+        (P(8192, 8192, 128, b), [al]),
+        (P(128, 8192, 8192, b), [al, xt, sk(2, True)]),
+        (P(16, 8192, 8192, b), [al, xt, ("triton_gemm_bm16_bn64_bk256_g8_w4_s3",
+            lambda x, y, p: gemm(x, y, p, GemmConfig(16, 64, 256, 8, 4, 3)))]),
+        (P(1000, 1000, 1000, b), [al, sk(2), sk(2, True)]),
+        (P(768, 768, 768, b), [al]),
+        (P(16, 8192, 8192, f), [al, xt]),
+    ]
+
+
+def run_experiment(args, started):
+    records: list = []
+    path = os.path.join(args.out, "gpu_kernels_experiment.json")
+    cases = experiment_cases_2() if args.experiment == 2 else experiment_cases()
+    for i, (problem, named) in enumerate(cases):
+        elapsed = time.perf_counter() - started
+        if elapsed > args.budget_s:
+            print(f"budget reached after {elapsed:.0f}s: skipping the rest", flush=True)
+            break
+        print(f"== {problem.lhs_dtype} {problem.precision.value} {problem.m}x{problem.n}x"
+              f"{problem.k} [{elapsed:.0f}s]", flush=True)
+        cands = [Candidate(XLA_DOT_NAME, xla_dot)] + [Candidate(n, fn) for n, fn in named]
+        entries = [("B" if c.name == XLA_DOT_NAME else "x", "experiment", c) for c in cands]
+        try:
+            probe_entries(problem, entries, 1000 + i, records)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        with open(path, "w") as f:
+            json.dump(dict(jax=jax.__version__, records=records), f, indent=1)
+    summarize(records)
+    print(f"total {time.perf_counter() - started:.0f}s")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--quick", action="store_true", help="plan rounds only, no exploring")
     parser.add_argument("--budget-s", type=float, default=480.0)
     parser.add_argument("--only", default="", help="cases like b1x1000x1000x1000,f3x257x129x1025")
+    parser.add_argument("--experiment", type=int, default=0,
+                        help="1 or 2: the performance pass's explicit candidates per goal shape")
     parser.add_argument("--explore-groups", default="",
                         help="comma list of groups whose every member also runs (marked x)")
     args = parser.parse_args()
@@ -199,6 +332,8 @@ def main():
     device = device_info()
     print(f"jax {jax.__version__}; {device}; mosaic available={mosaic_kernels.AVAILABLE} "
           f"{mosaic_kernels.IMPORT_ERROR or ''}", flush=True)
+    if args.experiment:
+        return run_experiment(args, started)
     cset = gpu_candidate_set(device)
     records: list = []
     path = os.path.join(args.out, "gpu_kernels_probe.json")

@@ -35,6 +35,9 @@ def this_device() -> DeviceInfo:
     (1, 16, 8192, 1024, "bfloat16", "DEFAULT", False, True),
     (1, 1, 4096, 4096, "float32", "HIGHEST", False, False),
     (1, 2048, 2048, 2048, "bfloat16", "DEFAULT", False, False),
+    (1, 1025, 1025, 1025, "bfloat16", "DEFAULT", False, False),  # packed, as stored
+    (1, 1000, 1000, 1000, "float32", "DEFAULT", True, False),  # packed K-major (TF32)
+    (1, 128, 1024, 4096, "float32", "DEFAULT", False, False),  # XLA's transposed dot
 ])
 def test_every_supported_candidate_matches_the_f32_reference(batch, m, n, k, dtype, precision,
                                                             ta, tb):

@@ -11,7 +11,9 @@ import pytest
 from jax_autotune.candidates import DeviceInfo
 from jax_autotune.gpu import mosaic_kernels
 from jax_autotune.gpu.candidates import gpu_candidate_set
+from jax_autotune.gpu.packed import packed_gemm, packed_operands, packing_bytes
 from jax_autotune.gpu.padded import padded
+from jax_autotune.gpu.xla_variants import xla_split_k, xla_transposed
 from jax_autotune.gpu.triton_kernels import GemmConfig, VectorConfig, gemm, grouped_tile, vector_matmul
 from jax_autotune.key import Kind, MatmulProblem
 from jax_autotune.xla_dot import XLA_DOT_NAME, xla_dot
@@ -118,6 +120,62 @@ def test_a_config_rejects_blocks_triton_cannot_tile():
         GemmConfig(block_m=24, block_n=32, block_k=16)
 
 
+@pytest.mark.parametrize("k", [32, 48, 47])
+def test_whole_k_blocks_run_unmasked_and_a_ragged_tail_is_masked(k):
+    # k = 32, 48: whole blocks only (no k mask at all); 47: 2 whole blocks + a tail of 15
+    p = problem(2, 32, 64, k, tb=(k == 48))
+    lhs, rhs = operands(p, seed=k)
+    assert rel_error(gemm(lhs, rhs, p, SMALL, interpret=True), reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("k,split_k", [(64, 2), (64, 4), (63, 2)])
+def test_split_k_with_exactly_covering_splits_runs_unmasked(k, split_k):
+    # 64 = 2 x 32 = 4 x 16: every split is whole blocks; 63 masks the overrun
+    p = problem(1, 17, 33, k)
+    lhs, rhs = operands(p, seed=k + split_k)
+    out = gemm(lhs, rhs, p, SMALL.with_split_k(split_k), interpret=True)
+    assert rel_error(out, reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("k_major", [False, True])
+def test_packed_gemm_is_exact_in_every_layout(ta, tb, k_major):
+    p = problem(2, 33, 17, 45, ta, tb)  # k 45: padded to 48; n 17, m 33: ragged rows
+    lhs, rhs = operands(p, seed=int(ta) * 4 + int(tb) * 2 + int(k_major))
+    out = packed_gemm(lhs, rhs, p, SMALL, k_major=k_major, interpret=True)
+    assert out.shape == p.out_shape
+    assert rel_error(out, reference(lhs, rhs, p)) < 1e-6
+
+
+def test_packing_makes_operands_k_major_and_aligned():
+    p = problem(1, 33, 17, 45, dtype="bfloat16")
+    lhs, rhs = operands(p, seed=1)
+    a, b, a_t, b_major = packed_operands(lhs, rhs, p, 16, k_major=True)
+    assert (a.shape, b.shape, a_t, b_major) == ((1, 33, 48), (1, 17, 48), False, True)
+    a, b, a_t, b_major = packed_operands(lhs, rhs, p, 16, k_major=False)
+    assert (a.shape, b.shape, a_t, b_major) == ((1, 33, 48), (1, 48, 24), False, False)
+    aligned = problem(1, 64, 64, 64, tb=True)
+    assert packing_bytes(aligned, 32, k_major=True) == 0  # used in place: no copies
+    assert packing_bytes(problem(1, 64, 64, 64), 32, k_major=True) == 2 * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("parts,transposed", [(2, False), (3, False), (4, True)])
+def test_xla_split_k_and_the_transposed_dot_give_the_product(ta, tb, parts, transposed):
+    p = problem(2, 9, 13, 22, ta, tb)  # 22 is not a multiple of 3 or 4: zero-padded
+    lhs, rhs = operands(p, seed=parts)
+    ref = reference(lhs, rhs, p)
+    out = xla_split_k(parts, transposed)(lhs, rhs, p)
+    assert out.shape == p.out_shape and rel_error(out, ref) < 1e-6
+    assert rel_error(xla_transposed(lhs, rhs, p), ref) < 1e-6
+
+
+def test_padding_behind_a_barrier_gives_the_unpadded_product():
+    p = problem(1, 33, 17, 65, True, False)
+    lhs, rhs = operands(p, seed=9)
+    assert rel_error(padded(xla_dot, 8, barrier=True)(lhs, rhs, p), reference(lhs, rhs, p)) < 1e-6
+
+
 # ---------------------------------------------------------------- the candidate set
 
 def first_round(cset, device, key):
@@ -219,3 +277,26 @@ def test_vector_kinds_go_to_the_vector_kernels():
     assert key.kind == Kind.MAT_VEC
     group, names = first_round(cset, H200, key)
     assert group == "skinny_gemv" and all(n.startswith("triton_vector") for n in names)
+
+
+@pytest.mark.parametrize("shape,dtype,precision,group,first", [
+    ((1025, 1025, 1025), "bfloat16", "DEFAULT", "padded", "triton_packed_asis_"),
+    ((1025, 1025, 1025), "float32", "DEFAULT", "padded", "padded_xla_dot_a8"),
+    ((128, 8192, 8192), "float32", "DEFAULT", "split_k", "xla_transposed"),
+    ((1000, 1000, 1000), "float32", "DEFAULT", "triton_gemm", "triton_packed_kmajor_"),
+    ((8192, 8192, 128), "float32", "DEFAULT", "triton_gemm", "triton_packed_kmajor_"),
+])
+def test_the_performance_pass_winners_are_in_their_keys_first_round(shape, dtype, precision,
+                                                                    group, first):
+    cset = gpu_candidate_set(H200)
+    key = MatmulProblem(1, *shape, dtype, dtype, dtype, precision=precision).key("balanced")
+    chosen_group, names = first_round(cset, H200, key)
+    assert chosen_group == group and any(n.startswith(first) for n in names)
+    if dtype == "float32":  # an f32 rhs as stored is not pipelined: no plain Triton GEMM
+        assert not any(n.startswith("triton_gemm_") for n in names)
+
+
+def test_f32_at_highest_gets_no_triton_round():
+    cset = gpu_candidate_set(H200)
+    key = key_of(1000, 1000, 1000, dtype="float32", precision="HIGHEST")
+    assert first_round(cset, H200, key) == (None, [])

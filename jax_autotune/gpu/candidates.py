@@ -8,23 +8,27 @@
 
 A key is tuned with ONE round in practice: XLA's dot joins every round and is always
 valid, so the first group whose priority is >= 0 decides, and only the candidates of
-its top in-group tier run (4-8 of them, next to XLA's dot). The predicates below are on
-the key's bucketed sizes; "narrow" is min(m, n).
+its top in-group tier run (1-5 of them, next to XLA's dot). The predicates below are on
+the key's bucketed sizes; "narrow" is min(m, n); "half" is bf16/f16, "tf32" is f32 at
+Precision.DEFAULT.
 
 | group        | group priority                                              | top tier (in-group 2; the rest are 1)          |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
-| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot and 2 half-precision Triton GEMMs on |
-|              | (stride factor < 4: k = 1025 and the like)                  | operands zero-padded to multiples of 8 / 64    |
+| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot on operands zero-padded to 8; half:  |
+|              | (stride factor < 4: k = 1025 and the like)                  | + 2 packed Triton GEMMs (k padded to block_k,  |
+|              |                                                             | n to 16 B, output stored unpadded)             |
 | skinny_gemv  | 6 if m == 1 or n == 1 (MatVec, VecMat, ...) or narrow <= 64 | vector kernels when m or n is 1; else skinny   |
 |              |                                                             | GEMMs whose narrow block (16, 32, 64) matches  |
-|              |                                                             | the narrow side, with and without split-K      |
-| split_k      | 5 if General, m*n <= 2**21 and k >= 2048                    | all split-K GEMMs                              |
+|              |                                                             | the narrow side (4: plain, split-K, bk 256)    |
+| split_k      | 5 if General, m*n <= 2**21 and k >= 2048                    | XLA's dot of the transposed problem (every     |
+|              |                                                             | dtype); half: + 3 split-K Triton GEMMs         |
 | accelerated  | 4 if the device is sm_90+, bf16/f16 in = out, batch 1, no   | Mosaic wgmma configs + the best large Triton   |
 |              | transposes, m, n >= 1024, scale Large, n % 256 == 0 and     | GEMM                                           |
 |              | k % 64 == 0 by the stride factors                           |                                                |
-| triton_gemm  | 3 for every other key with m, n, k > 1                      | the profile's GEMMs: dtype class (half / f32)  |
-|              |                                                             | x medium (m*n <= 2**22) / small_k (k <= 256) / |
-|              |                                                             | large                                          |
+| triton_gemm  | 3 for every other key with m, n, k > 1                      | half: the profile's GEMMs, medium (m*n <=      |
+|              |                                                             | 2**22) / small_k (k <= 256) / large; tf32: 1-2 |
+|              |                                                             | K-major packed GEMMs per profile; f32 HIGH and |
+|              |                                                             | HIGHEST: none (XLA's dot, untimed)             |
 
 Candidates a device cannot run (``supports``: platform, capability, dtypes, shared
 memory, alignment) are demoted by the planner; Mosaic needs sm_90 and on other GPUs its
@@ -33,6 +37,7 @@ group is skipped outright.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -40,12 +45,14 @@ import numpy as np
 from jax_autotune.candidates import Candidate, CandidateSet, CandidateSetBuilder, DeviceInfo
 from jax_autotune.gpu import mosaic_kernels
 from jax_autotune.gpu.mosaic_kernels import MosaicConfig, mosaic_matmul
+from jax_autotune.gpu.packed import packed_gemm, packing_bytes
 from jax_autotune.gpu.padded import padded, padded_problem
 from jax_autotune.gpu.triton_kernels import (
     GemmConfig, VectorConfig, cdiv, gemm, shared_memory_bytes, split_k_extent, tile_count,
     vector_matmul,
 )
 from jax_autotune.key import Kind, Layout, MatmulKey, MatmulProblem, Precision, Scale
+from jax_autotune.gpu.xla_variants import xla_transposed
 from jax_autotune.xla_dot import XLA_DOT, xla_dot
 
 TOP, FALLBACK, SKIP = 2, 1, -1
@@ -67,25 +74,35 @@ def _g(bm, bn, bk, w, s, sk=1, g=8) -> GemmConfig:
 
 
 # triton_gemm: profile -> configs; profile = (dtype class, size class). Pruned with the
-# H200 probe (benchmarks/results/gpu_kernels_2026-11-29.md): f32 (TF32) Pallas Triton
-# GEMMs never beat XLA there (0.26x-0.6x), so f32 profiles keep only their best one or two.
+# H200 probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
+# tiled GEMM on the operands as stored.
 GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
     ("half", "medium"): (_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(128, 64, 64, 4, 4),
                          _g(128, 128, 64, 8, 3)),
     ("half", "small_k"): (_g(128, 128, 64, 8, 3), _g(128, 256, 64, 8, 3), _g(256, 128, 64, 8, 3),
                           _g(128, 128, 128, 8, 2)),
     ("half", "large"): (_g(128, 256, 64, 8, 3), _g(128, 128, 64, 8, 3), _g(256, 128, 64, 8, 3)),
-    ("f32", "medium"): (_g(32, 64, 64, 4, 3), _g(128, 64, 32, 4, 4)),
-    ("f32", "small_k"): (_g(256, 128, 32, 8, 3),),
-    ("f32", "large"): (_g(256, 128, 32, 8, 3), _g(128, 128, 32, 4, 4)),
 }
 
-# split_k: the same configs serve both dtype classes (shared memory is checked per key)
-SPLIT_K_CONFIGS = (_g(128, 64, 64, 4, 3, sk=2), _g(128, 128, 64, 8, 3, sk=4),
+# f32 at DEFAULT (TF32) runs the GEMM on operands packed K-major (``gpu.packed``): wgmma
+# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs
+# (43.7 us as stored against 18.6 us packed at 768^3 on the H200). Still 1.7-2x behind
+# XLA's cuBLAS there, so one or two configs per profile; f32 HIGH/HIGHEST (Triton's
+# ieee dot, on the CUDA cores) lost 3x to XLA and gets no Triton round at all.
+F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
+    "medium": (_g(64, 64, 64, 4, 3), _g(64, 64, 32, 4, 4)),
+    "small_k": (_g(128, 128, 32, 4, 3),),
+    "large": (_g(128, 128, 32, 4, 3),),
+}
+
+# split_k: half precision only (an f32 rhs as stored is not pipelined, see above); next
+# to them XLA's dot of the transposed problem, C^T = B^T A^T, for every dtype: cuBLAS
+# then picks another kernel, 79 us against 134 us at f32 128x8192x8192 on the H200.
+SPLIT_K_CONFIGS = (_g(128, 128, 64, 8, 4, sk=2), _g(128, 64, 64, 4, 3, sk=2),
                    _g(64, 64, 64, 4, 3, sk=4))
 
 # skinny: narrow block on the narrow side; (wide block, block_k, stages, split_k)
-_SKINNY_SHAPES = ((64, 128, 4, 1), (64, 128, 4, 4), (128, 64, 4, 2))
+_SKINNY_SHAPES = ((64, 128, 4, 1), (64, 128, 4, 4), (128, 64, 4, 2), (64, 256, 3, 1))
 SKINNY_NARROW = (16, 32, 64)
 
 
@@ -101,10 +118,12 @@ VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
 MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
                   MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
 
-# padded: (align, kernel config or None for XLA's dot); padded Triton GEMMs are
-# half-precision only (f32 ones ran 2-15x slower than XLA on the H200)
-PADDED_VARIANTS = ((8, None), (64, None), (64, _g(128, 128, 64, 8, 3)),
-                   (64, _g(64, 128, 64, 4, 4)))
+# padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
+# the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
+# into the unpadded result (16.4 us against 18.6 padded XLA, 31.2 XLA at bf16 1025^3).
+# XLA padded to 64 was never better than to 8 (31.0/19.4 against 30.4/18.6 us).
+PADDED_XLA_ALIGN = 8
+PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
 # ---------------------------------------------------------------- key predicates
@@ -120,6 +139,11 @@ def size_class(key: MatmulKey) -> str:
     if key.k <= 256:
         return "small_k"
     return "large"
+
+
+def tf32_key(key: MatmulKey) -> bool:
+    """f32 inputs at Precision.DEFAULT: the tensor cores may run TF32 (as XLA's dot does)."""
+    return key.lhs_dtype == "float32" and key.precision == Precision.DEFAULT
 
 
 def is_vector(key: MatmulKey) -> bool:
@@ -262,17 +286,26 @@ def _padded_xla_cost(align: int, problem: MatmulProblem) -> float:
     return max(flops / (0.7 * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
 
 
-def _padded_gemm_cost(config: GemmConfig, align: int, problem: MatmulProblem) -> float:
-    return gemm_cost(config, padded_problem(problem, align)) + _pad_copy_seconds(problem)
+def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem) -> float:
+    """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
+    big = dataclasses.replace(problem, k=cdiv(problem.k, config.block_k) * config.block_k)
+    moved = packing_bytes(problem, config.block_k, k_major)
+    copies = (moved > 0) * 2
+    return gemm_cost(config, big) + moved / _BANDWIDTH + copies * _LAUNCH_S
+
+
+def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
+    flops = 2 * problem.batch * problem.m * problem.n * problem.k
+    return max(flops / (0.7 * _peak(problem)), _memory_seconds(problem)) + launches * _LAUNCH_S
 
 
 # ---------------------------------------------------------------- the set
 
-def _kernel(fn, config):
+def _kernel(fn, config, fn_name: str | None = None):
     """``fn(lhs, rhs, problem)`` for the candidate contract, with the config bound."""
     def kernel(lhs, rhs, problem: MatmulProblem):
         return fn(lhs, rhs, problem, config)
-    kernel.__name__ = f"{fn.__name__}_{config.name}"
+    kernel.__name__ = f"{fn_name or fn.__name__}_{config.name}"
     return kernel
 
 
@@ -283,7 +316,6 @@ def _best_of(priorities):
 
 
 def _params(config, family: str) -> dict:
-    import dataclasses
     return {"family": family, **dataclasses.asdict(config)}
 
 
@@ -320,11 +352,12 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     for profile, configs in GEMM_PROFILES.items():
         for config in configs:
             member(config, triton, lambda key, profile=profile:
-                   TOP if (dtype_class(key), size_class(key)) == profile else FALLBACK)
+                   TOP if (dtype_class(key), size_class(key)) == profile
+                   else FALLBACK if dtype_class(key) == "half" or tf32_key(key) else SKIP)
             if config in accelerated_backups:
                 member(config, accelerated, lambda key: TOP)
     for config in SPLIT_K_CONFIGS:
-        member(config, split_k, lambda key: TOP)
+        member(config, split_k, lambda key: TOP if dtype_class(key) == "half" else SKIP)
     for side in ("m", "n"):
         for narrow in SKINNY_NARROW:
             for wide, bk, stages, sk in _SKINNY_SHAPES:
@@ -339,19 +372,36 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                               cost=functools.partial(gemm_cost, config)),
                     *pairs)
 
-    for align, config in PADDED_VARIANTS:
-        if config is None:
-            name, fn, params = f"padded_xla_dot_a{align}", padded(xla_dot, align), {}
-            supports, cost = _padded_supports(None), functools.partial(_padded_xla_cost, align)
-        else:
-            name = f"padded_triton_gemm_{config.name}_a{align}"
-            fn = padded(_kernel(gemm, config), align)
-            params = _params(config, "triton_gemm")
-            supports = _padded_supports(gemm_supports(config), half_only=True)
-            cost = functools.partial(_padded_gemm_cost, config, align)
-        builder.add(Candidate(name, fn, params={**params, "family": "padded", "align": align},
-                              supports=supports, cost=cost),
-                    padded_group, lambda key: TOP)
+    # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
+    packed_members: dict[tuple[GemmConfig, bool], list] = {}
+    for profile, configs in F32_PACKED_PROFILES.items():
+        for config in configs:
+            packed_members.setdefault((config, True), []).append(
+                (triton, lambda key, profile=profile: SKIP if not tf32_key(key)
+                 else TOP if size_class(key) == profile else FALLBACK))
+    for config in PADDED_PACKED_CONFIGS:
+        packed_members.setdefault((config, False), []).append(
+            (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
+    for (config, k_major), pairs in packed_members.items():
+        layout = "kmajor" if k_major else "asis"
+        builder.add(Candidate(f"triton_packed_{layout}_{config.name}",
+                              _kernel(functools.partial(packed_gemm, k_major=k_major), config,
+                                      f"packed_gemm_{layout}"),
+                              params={**_params(config, "triton_packed"), "k_major": k_major},
+                              supports=gemm_supports(config),
+                              cost=functools.partial(packed_cost, config, k_major)),
+                    *pairs)
+
+    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",
+                          padded(xla_dot, PADDED_XLA_ALIGN),
+                          params={"family": "padded", "align": PADDED_XLA_ALIGN},
+                          supports=_padded_supports(None),
+                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
+                padded_group, lambda key: TOP)
+    builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
+                          supports=_padded_supports(None),
+                          cost=functools.partial(xla_cost, launches=2)),
+                split_k, lambda key: TOP)
 
     for config in VECTOR_CONFIGS:
         builder.add(Candidate(f"triton_vector_{config.name}", _kernel(vector_matmul, config),
@@ -361,6 +411,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     return builder.build()
 
 
-__all__ = ["gpu_candidate_set", "GEMM_PROFILES", "SPLIT_K_CONFIGS", "VECTOR_CONFIGS",
+__all__ = ["gpu_candidate_set", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
+           "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
            "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
            "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]

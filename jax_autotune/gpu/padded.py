@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from jax import lax
 
 from jax_autotune.key import MatmulProblem
 
@@ -33,15 +34,24 @@ def _pad_to(x, shape):
     return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
 
-def padded(fn, align: int):
-    """``fn(lhs, rhs, problem)`` run on operands zero-padded to multiples of ``align``."""
+def padded(fn, align: int, barrier: bool = False):
+    """``fn(lhs, rhs, problem)`` run on operands zero-padded to multiples of ``align``.
+
+    ``barrier`` puts the padded operands behind ``lax.optimization_barrier``: XLA then
+    cannot fuse the pads into its GEMM (a fused pad turns cuBLAS's aligned GEMM back
+    into a slower generated one), so the pads are plain copies and the dot is aligned.
+    """
     def kernel(lhs, rhs, problem: MatmulProblem):
         big = padded_problem(problem, align)
         if big == problem:
             return fn(lhs, rhs, problem)
-        out = fn(_pad_to(lhs, big.lhs_shape), _pad_to(rhs, big.rhs_shape), big)
+        a, b = _pad_to(lhs, big.lhs_shape), _pad_to(rhs, big.rhs_shape)
+        if barrier:
+            a, b = lax.optimization_barrier((a, b))
+        out = fn(a, b, big)
         return out[:, :problem.m, :problem.n]
-    kernel.__name__ = f"padded_{getattr(fn, '__name__', 'kernel')}_a{align}"
+    suffix = "_barrier" if barrier else ""
+    kernel.__name__ = f"padded_{getattr(fn, '__name__', 'kernel')}_a{align}{suffix}"
     return kernel
 
 

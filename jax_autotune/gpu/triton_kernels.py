@@ -121,17 +121,45 @@ def grouped_tile(tile: jax.Array, tiles_m: int, tiles_n: int, group_m: int):
     return row, col
 
 
-def _span(start, size: int, bound: int):
-    """Index slice [start, start+size) and the mask of its in-bounds entries."""
+def _span(start, size: int, bound):
+    """Index slice [start, start+size) and the mask of its in-bounds entries.
+
+    ``start`` is always a multiple of ``size`` here (tile starts), so when ``bound`` is a
+    static multiple of ``size`` every entry is in bounds and the mask is None: the
+    load or store is then unmasked, which lets Triton drop the predicates.
+    """
+    if isinstance(bound, int) and bound % size == 0:
+        return pl.ds(start, size), None
     return pl.ds(start, size), (start + jnp.arange(size)) < bound
 
 
-def load_tile(ref, row0, col0, rows: int, cols: int):
-    """Masked (rows, cols) tile at (row0, col0) of a 2-D ref; out-of-bounds reads are 0."""
-    row_slice, row_mask = _span(row0, rows, ref.shape[0])
-    col_slice, col_mask = _span(col0, cols, ref.shape[1])
-    mask = row_mask[:, None] & col_mask[None, :]
-    return pl_triton.load(ref.at[row_slice, col_slice], mask=mask, other=0)
+def _both(row_mask, col_mask):
+    if row_mask is None and col_mask is None:
+        return None
+    if row_mask is None:
+        return col_mask[None, :]
+    if col_mask is None:
+        return row_mask[:, None]
+    return row_mask[:, None] & col_mask[None, :]
+
+
+def _load(ref, mask, shape):
+    if mask is None:
+        return pl_triton.load(ref)
+    return pl_triton.load(ref, mask=jnp.broadcast_to(mask, shape), other=0)
+
+
+def load_tile(ref, row0, col0, rows: int, cols: int, row_bound=None, col_bound=None):
+    """Masked (rows, cols) tile at (row0, col0) of a 2-D ref; out-of-bounds reads are 0.
+
+    Bounds default to the ref's shape; a bound of ``False`` means "known in bounds, no
+    mask" (a loop over whole blocks only), a traced bound masks dynamically.
+    """
+    row_bound = ref.shape[0] if row_bound is None else row_bound
+    col_bound = ref.shape[1] if col_bound is None else col_bound
+    row_slice, row_mask = _span(row0, rows, rows if row_bound is False else row_bound)
+    col_slice, col_mask = _span(col0, cols, cols if col_bound is False else col_bound)
+    return _load(ref.at[row_slice, col_slice], _both(row_mask, col_mask), (rows, cols))
 
 
 def store_tile(ref, row0, col0, value):
@@ -139,25 +167,33 @@ def store_tile(ref, row0, col0, value):
     rows, cols = value.shape
     row_slice, row_mask = _span(row0, rows, ref.shape[0])
     col_slice, col_mask = _span(col0, cols, ref.shape[1])
-    pl_triton.store(ref.at[row_slice, col_slice], value.astype(ref.dtype),
-                    mask=row_mask[:, None] & col_mask[None, :])
+    mask = _both(row_mask, col_mask)
+    value = value.astype(ref.dtype)
+    if mask is None:
+        pl_triton.store(ref.at[row_slice, col_slice], value)
+    else:
+        pl_triton.store(ref.at[row_slice, col_slice], value,
+                        mask=jnp.broadcast_to(mask, (rows, cols)))
 
 
 def load_vector(ref, start, size: int):
     """Masked 1-D slice of a 1-D ref; out-of-bounds reads are 0."""
     index, mask = _span(start, size, ref.shape[0])
-    return pl_triton.load(ref.at[index], mask=mask, other=0)
+    return _load(ref.at[index], mask, (size,))
 
 
-def load_operand_tile(ref, outer0, k0, outer: int, block_k: int, transposed: bool):
+def load_operand_tile(ref, outer0, k0, outer: int, block_k: int, transposed: bool,
+                      k_bound=None):
     """Tile of an operand as stored: (outer, block_k), or (block_k, outer) when transposed.
 
     ``outer`` is the operand's free axis (m for lhs, n for rhs); the stored orientation
     is kept so the dot contracts the right axis in place (no materialised transpose).
+    ``k_bound``: None masks k against the ref's extent, False leaves k unmasked (whole
+    blocks), a value or traced scalar masks against it.
     """
     if transposed:
-        return load_tile(ref, k0, outer0, block_k, outer)
-    return load_tile(ref, outer0, k0, outer, block_k)
+        return load_tile(ref, k0, outer0, block_k, outer, row_bound=k_bound)
+    return load_tile(ref, outer0, k0, outer, block_k, col_bound=k_bound)
 
 
 def tile_dot(a, b, a_transposed: bool, b_rhs_major: bool, precision):
@@ -189,24 +225,83 @@ def split_k_extent(k: int, config: GemmConfig) -> int:
     return pl.cdiv(pl.cdiv(k, config.split_k), config.block_k) * config.block_k
 
 
-def _gemm_kernel(lhs_ref, rhs_ref, out_ref, *, problem: MatmulProblem, config: GemmConfig):
+def _gemm_kernel(lhs_ref, rhs_ref, out_ref, *, k: int, a_transposed: bool, b_rhs_major: bool,
+                 precision, config: GemmConfig):
+    """One (bm, bn) output tile (of one split): whole k blocks unmasked, then a masked tail.
+
+    The tile grid follows ``out_ref`` (m, n); operands may be larger (zero-padded copies),
+    the masks follow their own extents and the store follows the output's.
+    """
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    tiles_m, tiles_n = pl.cdiv(problem.m, bm), pl.cdiv(problem.n, bn)
+    m, n = out_ref.shape
+    tiles_m, tiles_n = pl.cdiv(m, bm), pl.cdiv(n, bn)
     row, col = grouped_tile(pl.program_id(0), tiles_m, tiles_n, config.group_m)
     m0 = pl.multiple_of(row * bm, bm)
     n0 = pl.multiple_of(col * bn, bn)
-    k_extent = split_k_extent(problem.k, config)
-    k_begin = pl.program_id(2) * k_extent if config.split_k > 1 else 0
-    precision = dot_precision(problem)
+    whole = (k // bk) * bk  # k covered by whole blocks; the rest is the tail
+    # the tail's start as a traced value: a static slice past the ref's end is refused
+    # by jax's indexer even though the load is masked
+    tail0 = pl.multiple_of(pl.program_id(0) * 0 + whole, bk)
 
-    def step(i, acc):
-        k0 = pl.multiple_of(k_begin + i * bk, bk)
-        a = load_operand_tile(lhs_ref, m0, k0, bm, bk, problem.transpose_a)
-        b = load_operand_tile(rhs_ref, n0, k0, bn, bk, not problem.transpose_b)
-        return acc + tile_dot(a, b, problem.transpose_a, problem.transpose_b, precision)
+    def block(k0, acc, k_bound):
+        a = load_operand_tile(lhs_ref, m0, k0, bm, bk, a_transposed, k_bound)
+        b = load_operand_tile(rhs_ref, n0, k0, bn, bk, not b_rhs_major, k_bound)
+        return acc + tile_dot(a, b, a_transposed, b_rhs_major, precision)
 
-    acc = lax.fori_loop(0, k_extent // bk, step, jnp.zeros((bm, bn), jnp.float32))
+    acc = jnp.zeros((bm, bn), jnp.float32)
+    if config.split_k > 1:
+        # a static trip count keeps the loop an scf.for that Triton pipelines; k is
+        # masked only when the splits' whole blocks overrun it
+        extent = split_k_extent(k, config)
+        k_begin = pl.program_id(2) * extent
+        k_bound = False if config.split_k * extent == k else k
+        acc = lax.fori_loop(0, extent // bk, lambda i, acc: block(
+            pl.multiple_of(k_begin + i * bk, bk), acc, k_bound), acc)
+    else:
+        acc = lax.fori_loop(0, whole // bk, lambda i, acc: block(
+            pl.multiple_of(i * bk, bk), acc, False), acc)
+        if whole < k:
+            acc = block(tail0, acc, k)
     store_tile(out_ref, m0, n0, acc)
+
+
+def gemm_call(lhs, rhs, config: GemmConfig, *, out_shape, out_dtype, a_transposed: bool,
+              b_rhs_major: bool, precision, interpret: bool = False, name: str = "gemm"):
+    """The tiled GEMM on 3-D operands in any stored orientation; (batch, m, n) out_dtype.
+
+    ``lhs`` is (batch, m', K) or (batch, K, m') when ``a_transposed``; ``rhs`` is
+    (batch, K, n') or (batch, n', K) when ``b_rhs_major``; m' >= m and n' >= n (padded
+    operands are fine: the output's own m and n set the grid and the store mask).
+    """
+    batch, m, n = out_shape
+    k = lhs.shape[1] if a_transposed else lhs.shape[2]
+    if (rhs.shape[2] if b_rhs_major else rhs.shape[1]) != k:
+        raise ValueError(f"gemm_call: contraction lengths differ: {lhs.shape} x {rhs.shape}")
+    tiles = pl.cdiv(m, config.block_m) * pl.cdiv(n, config.block_n)
+    split = config.split_k
+    kernel = functools.partial(_gemm_kernel, k=k, a_transposed=a_transposed,
+                               b_rhs_major=b_rhs_major, precision=precision, config=config)
+    if split > 1:
+        grid = (tiles, batch, split)
+        call_shape = jax.ShapeDtypeStruct((split, batch, m, n), jnp.float32)
+        out_spec = pl.BlockSpec((_SQUEEZED, _SQUEEZED, m, n), lambda t, b, s: (s, b, 0, 0))
+    else:
+        grid = (tiles, batch)
+        call_shape = jax.ShapeDtypeStruct((batch, m, n), jnp.dtype(out_dtype))
+        out_spec = _batch_spec((batch, m, n))
+    out = pl.pallas_call(
+        kernel,
+        out_shape=call_shape,
+        grid=grid,
+        in_specs=[_batch_spec(lhs.shape), _batch_spec(rhs.shape)],
+        out_specs=out_spec,
+        compiler_params=compiler_params(config.num_warps, config.num_stages),
+        interpret=interpret,
+        name=f"{name}_{config.name}",
+    )(lhs, rhs)
+    if split > 1:
+        out = out.sum(axis=0)
+    return out.astype(out_dtype)
 
 
 def gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *, interpret: bool = False):
@@ -215,31 +310,10 @@ def gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *, interpret: boo
     >>> gemm(lhs, rhs, problem, GemmConfig(64, 64, 32), interpret=True)
     """
     _check_operands(lhs, rhs, problem)
-    tiles = pl.cdiv(problem.m, config.block_m) * pl.cdiv(problem.n, config.block_n)
-    split = config.split_k
-    out_dtype = jnp.float32 if split > 1 else jnp.dtype(problem.out_dtype)
-    if split > 1:
-        grid = (tiles, problem.batch, split)
-        out_shape = jax.ShapeDtypeStruct((split, problem.batch, problem.m, problem.n), out_dtype)
-        out_spec = pl.BlockSpec((_SQUEEZED, _SQUEEZED, problem.m, problem.n),
-                                lambda t, b, s: (s, b, 0, 0))
-    else:
-        grid = (tiles, problem.batch)
-        out_shape = jax.ShapeDtypeStruct(problem.out_shape, out_dtype)
-        out_spec = _batch_spec(problem.out_shape)
-    out = pl.pallas_call(
-        functools.partial(_gemm_kernel, problem=problem, config=config),
-        out_shape=out_shape,
-        grid=grid,
-        in_specs=[_batch_spec(problem.lhs_shape), _batch_spec(problem.rhs_shape)],
-        out_specs=out_spec,
-        compiler_params=compiler_params(config.num_warps, config.num_stages),
-        interpret=interpret,
-        name=f"gemm_{config.name}",
-    )(lhs, rhs)
-    if split > 1:
-        out = out.sum(axis=0)
-    return out.astype(problem.out_dtype)
+    return gemm_call(lhs, rhs, config, out_shape=problem.out_shape,
+                     out_dtype=jnp.dtype(problem.out_dtype), a_transposed=problem.transpose_a,
+                     b_rhs_major=problem.transpose_b, precision=dot_precision(problem),
+                     interpret=interpret)
 
 
 # ---------------------------------------------------------------- vector x matrix
@@ -252,14 +326,17 @@ def _vector_kernel(vec_ref, mat_ref, out_ref, *, k: int, mat_n_major: bool,
     def step(i, acc):
         k0 = pl.multiple_of(i * bk, bk)
         x = load_vector(vec_ref, k0, bk).astype(jnp.float32)
-        tile = load_operand_tile(mat_ref, n0, k0, bn, bk, not mat_n_major).astype(jnp.float32)
+        tile = load_operand_tile(mat_ref, n0, k0, bn, bk, not mat_n_major, k).astype(jnp.float32)
         if mat_n_major:  # tile is (bn, bk)
             return acc + jnp.sum(tile * x[None, :], axis=1)
         return acc + jnp.sum(tile * x[:, None], axis=0)  # tile is (bk, bn)
 
     acc = lax.fori_loop(0, pl.cdiv(k, bk), step, jnp.zeros((bn,), jnp.float32))
     index, mask = _span(n0, bn, out_ref.shape[0])
-    pl_triton.store(out_ref.at[index], acc.astype(out_ref.dtype), mask=mask)
+    if mask is None:
+        pl_triton.store(out_ref.at[index], acc.astype(out_ref.dtype))
+    else:
+        pl_triton.store(out_ref.at[index], acc.astype(out_ref.dtype), mask=mask)
 
 
 def vector_matmul(lhs, rhs, problem: MatmulProblem, config: VectorConfig, *,
@@ -312,7 +389,7 @@ def shared_memory_bytes(config: GemmConfig, itemsize: int) -> int:
 
 
 __all__ = [
-    "GemmConfig", "VectorConfig", "gemm", "vector_matmul", "grouped_tile", "load_tile",
+    "GemmConfig", "VectorConfig", "gemm", "gemm_call", "vector_matmul", "grouped_tile", "load_tile",
     "store_tile", "load_vector", "load_operand_tile", "tile_dot", "dot_precision",
     "compiler_params", "split_k_extent", "tile_count", "shared_memory_bytes", "cdiv",
 ]
