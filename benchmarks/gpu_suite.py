@@ -98,6 +98,7 @@ def run_cold(args) -> list[dict]:
             "xla_us": device_us(xla, operands), "tuned_us": device_us(tuned, operands),
             "torch_us": torch_us(m, n, k, dtype), "floor_us": floor_us(m, n, k, dtype),
             "cold_tune_s": cold_s, "compiles": after["candidate_compiles"] - before["candidate_compiles"],
+            "slowest_compile_s": max((r.compile_seconds or 0.0 for r in decision.results), default=0.0),
             "probe_launches": after["probe_launches"] - before["probe_launches"],
             "outcomes": {r.name: r.outcome for r in decision.results},
             "reason": decision.reason,
@@ -136,8 +137,8 @@ def report(rows, warm, command) -> str:
     date = datetime.date.today().isoformat()
     lines = [f"# GPU suite on an H200, {date}", "", f"jax {jax.__version__}; command: `{command}`", "",
              "Device times in us (CUPTI for XLA and tuned, CUDA events for torch); speedup = XLA / tuned.",
-             "", "| dtype | m x n x k | floor | XLA | torch | tuned | speedup | winner | cold tune s | compiles | warm first call s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| dtype | m x n x k | floor | XLA | torch | tuned | speedup | winner | cold tune s | compiles | slowest compile s | warm first call s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = f"{r['dtype']} {r['m']}x{r['n']}x{r['k']}"
         t = f"{r['torch_us']:.1f}" if r["torch_us"] else "-"
@@ -145,7 +146,7 @@ def report(rows, warm, command) -> str:
         w = f"{w:.3f}" if w is not None else "-"
         lines.append(f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['floor_us']:.1f} | {r['xla_us']:.1f} | "
                      f"{t} | {r['tuned_us']:.1f} | {r['speedup']:.2f} | {r['winner']} | "
-                     f"{r['cold_tune_s']:.2f} | {r['compiles']} | {w} |")
+                     f"{r['cold_tune_s']:.2f} | {r['compiles']} | {r['slowest_compile_s']:.2f} | {w} |")
     goal = [r["speedup"] for r in rows if (r["m"], r["n"], r["k"]) in GOAL_SHAPES]
     large = [r["speedup"] for r in rows if r["dtype"] == "bfloat16" and (r["m"], r["n"], r["k"]) in LARGE_ALIGNED_BF16]
     colds = [r["cold_tune_s"] for r in rows]

@@ -73,6 +73,7 @@ class KeyBenchmark:
         self.finished = False  # short-circuit or budget: no more rounds
         self.finish_reason = ""
         self._best = math.inf  # best single sample so far, for pruning
+        self._compile_seconds: dict[str, float] = {}  # wall time of Timer.prepare
 
     # ---------------------------------------------------------------- public
     def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
@@ -115,10 +116,13 @@ class KeyBenchmark:
     def _compile_all(self, candidates: Sequence[Candidate], label: str):
         """Compile in parallel; returns (candidate, measurement) for those that compiled."""
         def prepare(candidate):
+            started = time.perf_counter()
             try:
-                return candidate, self.timer.prepare(candidate, self.problem, self.inputs), None
+                measurement, error = self.timer.prepare(candidate, self.problem, self.inputs), None
             except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
-                return candidate, None, err
+                measurement, error = None, err
+            self._compile_seconds[candidate.name] = time.perf_counter() - started
+            return candidate, measurement, error
 
         workers = max(1, min(self.rules.compile_threads, len(candidates)))
         if workers == 1:
@@ -190,4 +194,5 @@ class KeyBenchmark:
             self.finished, self.finish_reason = True, reason
 
     def _record(self, name: str, outcome: str, label: str, **fields) -> None:
-        self.results[name] = CandidateResult(name=name, outcome=outcome, round=label, **fields)
+        self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
+                                             compile_seconds=self._compile_seconds.get(name), **fields)

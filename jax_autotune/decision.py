@@ -42,6 +42,7 @@ class CandidateResult:
     pruned: bool = False
     rel_error: float | None = None
     error: str = ""
+    compile_seconds: float | None = None  # wall time to compile (and calibrate) it
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:

@@ -118,35 +118,48 @@ def compile_repeated(fn, problem, args: tuple):
 class _DeviceMeasurement:
     reps = 1
 
-    def __init__(self, compiled, args, profiler):
-        self.compiled, self.args, self.profiler = compiled, args, profiler
+    def __init__(self, compiled, args, measure, batch: int):
+        self.compiled, self.args, self.measure, self.batch = compiled, args, measure, batch
+        self._buffer: list[float | None] = []
 
     def output(self):
         counters.bump("candidate_runs")
         return _block(self.compiled(*self.args))
 
     def sample(self) -> float | None:
-        """Device time of one run; None when the profiler saw no kernel."""
-        counters.bump("candidate_runs")
-        _, milliseconds = self.profiler.measure(self.compiled, iterations=1)(*self.args)
-        if isinstance(milliseconds, (list, tuple)):
-            milliseconds = milliseconds[0] if milliseconds else None
-        return None if milliseconds is None else milliseconds * 1e-3
+        """Device time of one run; None when the profiler saw no kernel.
+
+        Runs are profiled ``batch`` at a time in one CUPTI session and served one by one.
+        """
+        if not self._buffer:
+            counters.bump("candidate_runs", self.batch + 1)  # + the profiler's warm-up run
+            _, milliseconds = self.measure(self.compiled, iterations=self.batch)(*self.args)
+            if milliseconds is None:
+                milliseconds = [None] * self.batch
+            elif not isinstance(milliseconds, (list, tuple)):
+                milliseconds = [milliseconds]
+            self._buffer = [None if ms is None else ms * 1e-3 for ms in milliseconds]
+        return self._buffer.pop(0)
 
 
 class DeviceTimer:
     """GPU kernel time on the device from JAX's CUPTI profiler (every kernel the
-    executable launches, summed; launch gaps excluded)."""
+    executable launches, summed; launch gaps excluded). CUPTI stays attached between
+    measurements, and runs are profiled ``batch`` at a time."""
 
     name = "device_cupti"
 
-    def __init__(self):
+    def __init__(self, batch: int = 12):
         from jax.experimental.mosaic.gpu import profiler
-        self._profiler = profiler
+        self.batch = batch
+        try:
+            self._measure = profiler.Cupti(finalize=False).measure
+        except (AttributeError, TypeError):  # no Cupti class: one session per call
+            self._measure = profiler.measure
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
-        return _DeviceMeasurement(compiled, args, self._profiler)
+        return _DeviceMeasurement(compiled, args, self._measure, self.batch)
 
 
 def timer_for(platform: str) -> Timer:
