@@ -1,0 +1,61 @@
+// The nanobind module jax_autotune._native: FFI handler capsules and ISA / build facts.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "blas.h"
+#include "handlers.h"
+#include "isa.h"
+#include "kernel_table.h"
+#include "thread_pool.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+nb::dict registrations() {
+  nb::dict out;
+  for (const auto& [name, handler] : jat::ffi_handlers())
+    out[name] = nb::capsule(reinterpret_cast<void*>(handler));
+  return out;
+}
+
+// Register tiles of each ISA this build has: {isa: [(mr, nr_f32, nr_f64), ...]}.
+nb::dict gemm_tiles() {
+  nb::dict out;
+  for (jat::Isa isa : {jat::Isa::kPortable, jat::Isa::kAvx2, jat::Isa::kAvx512}) {
+#if !defined(JAT_HAVE_X86)
+    if (isa != jat::Isa::kPortable) continue;
+#endif
+    nb::list tiles;
+    for (const jat::GemmTile& t : jat::kernels_for(isa).tiles)
+      tiles.append(nb::make_tuple(t.mr, t.nr_f32, t.nr_f64));
+    out[jat::isa_name(isa)] = tiles;
+  }
+  return out;
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "jax_autotune native kernels (XLA FFI handlers); use jax_autotune.native.";
+  m.attr("built_against_jaxlib") = JAT_JAXLIB_BUILD_VERSION;
+  m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.attr("small_max_dim") = jat::kSmallMaxDim;
+  m.def("registrations", &registrations,
+        "{FFI target name: PyCapsule of its XLA_FFI_Handler}, for jax.ffi.register_ffi_target.");
+  m.def("isa", [] { return std::string(jat::isa_name(jat::isa_choice().effective)); },
+        "The ISA the kernels use: 'portable', 'avx2' or 'avx512'.");
+  m.def("best_isa", [] { return std::string(jat::isa_name(jat::isa_choice().best)); },
+        "The best ISA this CPU supports, ignoring JAX_AUTOTUNE_NATIVE_ISA.");
+  m.def("isa_note", [] { return jat::isa_choice().note; },
+        "Why JAX_AUTOTUNE_NATIVE_ISA was not followed exactly ('' when it was).");
+  m.def("cpu_features", [] { return jat::isa_features(jat::isa_choice().effective); },
+        "Features of the effective ISA, e.g. ['avx2', 'fma'].");
+  m.def("max_threads", &jat::available_threads,
+        "Threads the kernels may use: the CPUs this process may run on.");
+  m.def("gemm_tiles", &gemm_tiles, "{isa: [(mr, nr_f32, nr_f64), ...]} by tile index.");
+  m.def("load_blas", &jat::load_blas, nb::arg("path"), nb::arg("prefix"),
+        "dlopen a CBLAS library (symbols <prefix>cblas_sgemm, ...); '' or why it failed.");
+  m.def("blas_library", &jat::blas_library, "Path of the loaded BLAS library, or ''.");
+}
