@@ -2,11 +2,13 @@
 
 For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 
-1. compile the round's candidates in parallel threads (``Timer.prepare``);
+1. order the round: XLA's dot first, then by estimated cost; compile candidates in
+   background threads a few ahead of the one being measured (``Timer.prepare``), so
+   compiling overlaps measuring and a short-circuit saves the remaining compiles;
 2. run each once (the warm-up) and compare its output with the reference: a wrong
    result is recorded as ``wrong_result`` and never timed;
-3. sample candidates one after another, cheapest estimated cost first, XLA's dot
-   first of all: the first sample is discarded, then 3 to 10 are kept; a candidate
+3. sample candidates one after another in that order: the first sample is
+   discarded, then 3 to 10 are kept; a candidate
    stops early once its kept samples are stable (median within 3% of the best);
 4. pruning: after 3 kept samples a candidate whose best is over 1.5x the best so far
    is dropped (``pruned``), unless that would leave fewer than two measured survivors;
@@ -80,23 +82,39 @@ class KeyBenchmark:
                   label: str = "") -> bool:
         """Benchmark the baseline (once) and the round's candidates.
 
-        True when one of the round's own candidates produced a valid (``ok``) result.
+        Candidates are measured in order (baseline first, then by estimated cost) while
+        the next ones compile in background threads, at most ``rules.compile_ahead`` at a
+        time; once tuning is finished (short-circuit or budget), candidates not compiled
+        yet are never compiled. True when one of the round's own candidates produced a
+        valid (``ok``) result.
         """
-        fresh = [c for c in (baseline, *candidates) if c.name not in self.results]
+        fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
+                       key=lambda c: self._order(c, baseline))
         if self.finished:
             for c in fresh:
                 self._record(c.name, "skipped", label, error=self.finish_reason)
             return False
-        prepared = self._compile_all(fresh, label)
-        prepared.sort(key=lambda item: self._order(item[0], baseline))
-        for candidate, measurement in prepared:
-            if self.finished:
-                self._record(candidate.name, "skipped", label, error=self.finish_reason)
-            elif self.clock() > self.deadline:
-                self._finish("budget")
-                self._record(candidate.name, "skipped", label, error="budget")
-            else:
-                self._measure(candidate, measurement, label)
+        ahead = max(1, self.rules.compile_ahead)
+        pool = concurrent.futures.ThreadPoolExecutor(ahead)
+        futures = {c.name: pool.submit(self._prepare, c) for c in fresh[:ahead]}
+        try:
+            for index, candidate in enumerate(fresh):
+                if not self.finished and self.clock() > self.deadline:
+                    self._finish("budget")
+                if self.finished:
+                    self._record(candidate.name, "skipped", label, error=self.finish_reason)
+                    continue
+                if index + ahead < len(fresh):  # keep the compile window full
+                    following = fresh[index + ahead]
+                    futures[following.name] = pool.submit(self._prepare, following)
+                measurement, error = futures[candidate.name].result()
+                if error is not None:
+                    self._record(candidate.name, classify_error(error, "compile"), label,
+                                 error=_short(error))
+                else:
+                    self._measure(candidate, measurement, label)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         return any(self.results[c.name].outcome == "ok" for c in candidates)
 
     def winner(self) -> str | None:
@@ -113,31 +131,15 @@ class KeyBenchmark:
         cost = candidate.cost(self.problem) if candidate.cost else math.inf
         return (1, cost)
 
-    def _compile_all(self, candidates: Sequence[Candidate], label: str):
-        """Compile in parallel; returns (candidate, measurement) for those that compiled."""
-        def prepare(candidate):
-            started = time.perf_counter()
-            try:
-                measurement, error = self.timer.prepare(candidate, self.problem, self.inputs), None
-            except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
-                measurement, error = None, err
+    def _prepare(self, candidate: Candidate):
+        """Compile one candidate: (measurement, None) or (None, the error)."""
+        started = time.perf_counter()
+        try:
+            return self.timer.prepare(candidate, self.problem, self.inputs), None
+        except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
+            return None, err
+        finally:
             self._compile_seconds[candidate.name] = time.perf_counter() - started
-            return candidate, measurement, error
-
-        workers = max(1, min(self.rules.compile_threads, len(candidates)))
-        if workers == 1:
-            outcomes = [prepare(c) for c in candidates]
-        else:
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                outcomes = list(pool.map(prepare, candidates))
-        prepared = []
-        for candidate, measurement, error in outcomes:
-            if error is not None:
-                self._record(candidate.name, classify_error(error, "compile"), label,
-                             error=_short(error))
-            else:
-                prepared.append((candidate, measurement))
-        return prepared
 
     def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
         rules = self.rules

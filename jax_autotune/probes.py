@@ -11,7 +11,7 @@ Three probes feed the roofline bounds, each with an explicit stopping rule:
 * ``compute/<dtype>/<precision>``: XLA's dot on a square problem large enough to fill
   the device; ops / the best sample once 3 samples agree within 3%, at most 10.
 * ``bandwidth/<size>``: ``x * 2`` over an array of the working-set class (1 MiB,
-  16 MiB, 256 MiB on CPU; up to 1 GiB on GPU), counting bytes read plus written;
+  16 MiB, 64 MiB on CPU; up to 1 GiB on GPU), counting bytes read plus written;
   same stopping rule as compute.
 
 Results live in the store's throughput namespace (``probe-v1`` rows) and in memory, so
@@ -107,7 +107,9 @@ def _compute_size(device: DeviceInfo, dtype: str) -> int:
 
 
 def _bandwidth_classes(device: DeviceInfo) -> tuple[int, ...]:
-    return (1 * MiB, 16 * MiB, 256 * MiB) if device.platform == "cpu" else (1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB)
+    if device.platform == "cpu":
+        return (1 * MiB, 16 * MiB, 64 * MiB)
+    return (1 * MiB, 16 * MiB, 256 * MiB, 1024 * MiB)
 
 
 # probe results of this process, by (throughput namespace, probe name): shared by every

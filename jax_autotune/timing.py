@@ -197,11 +197,12 @@ def _device_draw(key, shape, dtype):
 def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
     """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
 
-    Drawn on the host (no compile) up to ``HOST_RANDOM_MAX_ELEMENTS`` per operand, on the
-    device with ``jax.random`` beyond.
+    Drawn on the host (no compile) for the CPU and, elsewhere, up to
+    ``HOST_RANDOM_MAX_ELEMENTS`` per operand; on the device with ``jax.random`` beyond.
     """
     specs = ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))
-    if max(math.prod(problem.lhs_shape), math.prod(problem.rhs_shape)) <= HOST_RANDOM_MAX_ELEMENTS:
+    largest = max(math.prod(problem.lhs_shape), math.prod(problem.rhs_shape))
+    if device.platform == "cpu" or largest <= HOST_RANDOM_MAX_ELEMENTS:
         rng = np.random.default_rng(seed)
         return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device))
                      for shape, dtype in specs)

@@ -19,6 +19,7 @@ Errors never escape tuning: if anything fails, the decision is XLA's dot with th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -40,6 +41,21 @@ from jax_autotune.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.store import TuneStore, decision_namespace, open_store
 from jax_autotune.timing import Timer, random_operands, timer_for
 from jax_autotune.xla_dot import XLA_DOT
+
+
+class PhaseClock:
+    """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock, self.seconds = clock, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
 
 
 class KeyNotTunedError(RuntimeError):
@@ -190,16 +206,21 @@ class Tuner:
     def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict) -> Decision:
         rules = self.rules or dataclasses.replace(DEFAULT_RULES)
         budget = rules.budget_seconds or config.get("budget_seconds")
-        inputs = random_operands(problem, self._jax_device())
-        on_host = self.device.platform == "cpu"
-        ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
-        peaks = self.probes.peaks_for(problem)
+        phases = PhaseClock(time.perf_counter)
+        with phases("operands"):
+            inputs = random_operands(problem, self._jax_device())
+        with phases("reference"):
+            on_host = self.device.platform == "cpu"
+            ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
+        with phases("probes"):
+            peaks = self.probes.peaks_for(problem)
         bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
         bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
                              clock=self.clock, budget_seconds=budget, platform=self.device.platform)
-        for round_ in plan.rounds:
-            if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
-                break
+        with phases("rounds"):
+            for round_ in plan.rounds:
+                if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
+                    break
         planned = {c.name for r in plan.rounds for c in r.candidates}
         for name in sorted(planned - set(bench.results)):
             bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
@@ -209,7 +230,7 @@ class Tuner:
             winner, reason = plan.baseline.name, "no candidate produced a valid timing"
             counters.bump("fallbacks")
         return Decision(winner=winner, results=tuple(bench.results.values()),
-                        bounds=bounds.to_json(), limit=bounds.limit,
+                        bounds={**bounds.to_json(), "phase_seconds": phases.seconds}, limit=bounds.limit,
                         tuning_seconds=self.clock() - started, reason=reason, **fields)
 
     def _jax_device(self):

@@ -92,6 +92,16 @@ def test_a_short_circuit_ends_later_rounds_too():
     assert "later" not in timer.prepared
 
 
+def test_after_a_short_circuit_candidates_outside_the_compile_window_are_never_compiled():
+    timer = FakeTimer({"xla_dot": [0.1]})
+    b = bench(timer, limit=1.0, rules=TuningRules(compile_ahead=2))
+    b.run_round(BASE, [fake_candidate(f"c{i}", cost=i) for i in range(6)])
+    assert b.finished
+    assert timer.prepared[:2] == ["xla_dot", "c0"]  # the window: baseline + one ahead
+    assert len(timer.prepared) <= 3
+    assert all(b.results[f"c{i}"].outcome == "skipped" for i in range(6))
+
+
 def test_the_budget_ends_tuning_with_the_best_so_far():
     timer = FakeTimer({"xla_dot": [4.0], "a": [1.0], "b": [0.01]})
     b = bench(timer, budget=19.5)
