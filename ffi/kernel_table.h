@@ -42,6 +42,11 @@ template <typename T>
 using RowAxpysFn = void (*)(const T* a, int64_t rows, int64_t cols, int64_t lda, const T* x,
                             T* y);
 
+// Throughput probe: `iterations` rounds of kFmaChains independent vector FMA chains;
+// returns a value derived from the result so the loop cannot be dropped.
+using FmaLoopFn = double (*)(int64_t iterations);
+constexpr int kFmaChains = 12;
+
 constexpr int kTilesPerIsa = 2;
 constexpr int kSmallMaxDim = 32;
 
@@ -62,6 +67,9 @@ struct KernelTable {
   RowDotsFn<double> row_dots_f64;
   RowAxpysFn<float> row_axpys_f32;
   RowAxpysFn<double> row_axpys_f64;
+  FmaLoopFn fma_loop_f32;
+  FmaLoopFn fma_loop_f64;
+  int vector_bytes;  // so flops per FMA round = kFmaChains * 2 * vector_bytes / sizeof(T)
 };
 
 // Defined by kernels_<isa>.cc (the avx ones only on x86-64 builds). These declarations also

@@ -270,6 +270,24 @@ void row_axpys(const T* a, int64_t rows, int64_t cols, int64_t lda, const T* x, 
   }
 }
 
+// ------------------------------------------------------------------ FMA throughput probe
+
+template <typename T>
+double fma_loop(int64_t iterations) {
+  Vec<T> acc[kFmaChains];
+#pragma GCC unroll 12
+  for (int c = 0; c < kFmaChains; ++c) acc[c] = Vec<T>{} + T(c + 1) * T(1e-3);
+  const Vec<T> scale = Vec<T>{} + T(0.999999);
+  const Vec<T> shift = Vec<T>{} + T(1e-7);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kFmaChains; ++c) acc[c] = acc[c] * scale + shift;  // one FMA each
+  }
+  T sum = 0;
+  for (int c = 0; c < kFmaChains; ++c) sum += hsum<T>(acc[c]);
+  return static_cast<double>(sum);
+}
+
 // The table for this ISA: two register tiles (MR, NV vectors) and the fixed kernels.
 template <int MR0, int NV0, int MR1, int NV1>
 constexpr KernelTable make_table(const char* name) {
@@ -285,6 +303,9 @@ constexpr KernelTable make_table(const char* name) {
       &row_dots<double>,
       &row_axpys<float>,
       &row_axpys<double>,
+      &fma_loop<float>,
+      &fma_loop<double>,
+      kVecBytes,
   };
 }
 

@@ -8,6 +8,7 @@
 #include "isa.h"
 #include "kernel_table.h"
 #include "thread_pool.h"
+#include "throughput.h"
 
 namespace nb = nanobind;
 
@@ -58,4 +59,12 @@ NB_MODULE(_native, m) {
   m.def("load_blas", &jat::load_blas, nb::arg("path"), nb::arg("prefix"),
         "dlopen a CBLAS library (symbols <prefix>cblas_sgemm, ...); '' or why it failed.");
   m.def("blas_library", &jat::blas_library, "Path of the loaded BLAS library, or ''.");
+  m.def("fma_seconds", &jat::fma_seconds, nb::arg("dtype"), nb::arg("iterations"),
+        nb::arg("threads"), nb::call_guard<nb::gil_scoped_release>(),
+        "Seconds for `threads` threads to each run `iterations` FMA rounds (probe).");
+  m.def("fma_flops_per_iteration", &jat::fma_flops_per_iteration, nb::arg("dtype"),
+        "Floating-point operations in one FMA round of one thread.");
+  m.def("copy_seconds", &jat::copy_seconds, nb::arg("bytes"), nb::arg("threads"),
+        nb::call_guard<nb::gil_scoped_release>(),
+        "Seconds to copy `bytes` between two buffers with `threads` threads (probe).");
 }

@@ -103,7 +103,7 @@ def run_experiment(shapes: list[str], dtype: str, cache_dir: str) -> dict[str, l
     results = {}
     for name in ("cold", "warm"):
         completed = subprocess.run(
-            [sys.executable, "-m", "jax_autotune", "shapes", "--child", "--dtype", dtype, *shapes],
+            [sys.executable, "-P", "-m", "jax_autotune", "shapes", "--child", "--dtype", dtype, *shapes],
             env=env, capture_output=True, text=True, check=False)
         if completed.returncode != 0:
             raise RuntimeError(f"the {name} process failed:\n{completed.stderr[-4000:]}")

@@ -251,3 +251,18 @@ def noop_call(x):
 
 register_targets()
 _warn_if_jaxlib_differs()
+
+
+# ---------------------------------------------------------------- throughput probes
+
+def fma_peak_sample(dtype: str, iterations: int, threads: int) -> tuple[float, float]:
+    """(seconds, flops) of ``threads`` threads each running ``iterations`` FMA rounds of
+    the effective ISA: one sample of the CPU compute peak probe."""
+    seconds = _native.fma_seconds(dtype, int(iterations), int(threads))
+    return seconds, float(threads) * iterations * _native.fma_flops_per_iteration(dtype)
+
+
+def copy_seconds(nbytes: int, threads: int) -> float:
+    """Seconds to copy ``nbytes`` between two host buffers with ``threads`` threads
+    (moves 2 * nbytes): one sample of the CPU bandwidth probe."""
+    return _native.copy_seconds(int(nbytes), int(threads))

@@ -8,11 +8,13 @@ Three probes feed the roofline bounds, each with an explicit stopping rule:
   by less than 2% over the last 5 samples (at least 10 samples, after 5 discarded warm-up
   samples), or 2,000 launches, or
   0.3 s; the value is the median sample. (The reference spends 18k-250k launches.)
-* ``compute/<dtype>/<precision>``: XLA's dot on a square problem large enough to fill
-  the device; ops / the best sample once 3 samples agree within 3%, at most 10.
-* ``bandwidth/<size>``: ``x * 2`` over an array of the working-set class (1 MiB,
-  16 MiB, 64 MiB on CPU; up to 1 GiB on GPU), counting bytes read plus written;
-  same stopping rule as compute.
+* ``compute/<dtype>/<precision>``: on the CPU (native module built, f32/f64) the FMA
+  peak, every thread running independent vector FMA chains of the kernels' ISA;
+  elsewhere XLA's dot on a square problem large enough to fill the device. Value:
+  ops / the best sample once 3 samples agree within 3%, at most 10.
+* ``bandwidth/<size>``: on the CPU a multi-threaded copy between two host buffers,
+  elsewhere ``x * 2``, over the working-set class (1 MiB, 16 MiB, 64 MiB on CPU; up to
+  1 GiB on GPU), counting bytes read plus written; same stopping rule as compute.
 
 Results live in the store's throughput namespace (``probe-v1`` rows) and in memory, so
 each probe runs once per device, shared by all keys.
@@ -49,6 +51,7 @@ LAUNCH_SETTLE_WINDOW = 5
 LAUNCH_SETTLE = 0.02
 PEAK_AGREE = 0.03
 PEAK_MAX_SAMPLES = 10
+PROBE_SAMPLE_SECONDS = 2e-3  # the FMA probe's iterations are scaled up to this per sample
 MiB = 2**20
 
 
@@ -128,9 +131,10 @@ class Probes:
     """Measures and caches the peaks of one device (thread-safe, each probe once)."""
 
     def __init__(self, device: DeviceInfo, jax_device, timer: Timer, store: TuneStore,
-                 launch_fn: Callable | None = None):
+                 native=None):
+        """``native``: the ``jax_autotune.native`` module on CPUs where it is built."""
         self.device, self.jax_device, self.timer, self.store = device, jax_device, timer, store
-        self.launch_fn = launch_fn
+        self.native = native
         self.namespace = throughput_namespace(device.fingerprint)
 
     def peaks_for(self, problem: MatmulProblem) -> Peaks:
@@ -173,7 +177,8 @@ class Probes:
         """(measurement, launches per sample) of one trivial launch on this device."""
         problem = MatmulProblem(1, 1, 1, 1, "float32", "float32", "float32")
         args = random_operands(problem, self.jax_device, seed=1)
-        fn = self.launch_fn or (lambda a, b: a * b)
+        native = self.native
+        fn = (lambda a, b: native.noop_call(a)) if native else (lambda a, b: a * b)
         timer = self.timer
         if isinstance(timer, WallClockTimer):
             # small executables, so that one sample is a few dozen launches
@@ -186,6 +191,8 @@ class Probes:
         return sample_launch_overhead(lambda: (measurement.sample(), reps))
 
     def _probe_compute(self, dtype: str, precision: Precision) -> ProbeResult:
+        if self.native is not None and dtype in self.native.SUPPORTED_DTYPES:
+            return self._probe_fma(dtype)
         from jax_autotune.xla_dot import xla_dot
         size = _compute_size(self.device, dtype)
         problem = MatmulProblem(1, size, size, size, dtype, dtype, dtype, precision=precision)
@@ -195,7 +202,19 @@ class Probes:
         ops = size * size * (2 * size - 1)
         return sample_peak(measurement.sample, ops)
 
+    def _probe_fma(self, dtype: str) -> ProbeResult:
+        threads = self.native.max_threads()
+        iterations = 1 << 14
+        while self.native.fma_peak_sample(dtype, iterations, threads)[0] < PROBE_SAMPLE_SECONDS:
+            iterations *= 4
+        flops = self.native.fma_peak_sample(dtype, iterations, threads)[1]
+        return sample_peak(lambda: self.native.fma_peak_sample(dtype, iterations, threads)[0], flops)
+
     def _probe_bandwidth(self, size_bytes: int) -> ProbeResult:
+        if self.native is not None:
+            threads = self.native.max_threads()
+            self.native.copy_seconds(size_bytes, threads)  # allocates and touches the buffers
+            return sample_peak(lambda: self.native.copy_seconds(size_bytes, threads), 2 * size_bytes)
         elements = size_bytes // 4
         problem = MatmulProblem(1, 1, 1, elements, "float32", "float32", "float32")
         args = random_operands(problem, self.jax_device, seed=3)

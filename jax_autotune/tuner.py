@@ -68,7 +68,7 @@ class Tuner:
     def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, jax_device=None,
                  timer: Timer | None = None, store: TuneStore | None = None,
                  rules: TuningRules | None = None, clock: Callable[[], float] = time.perf_counter,
-                 probes: Probes | None = None, launch_fn: Callable | None = None):
+                 probes: Probes | None = None, native=None):
         self.device = device
         self.candidate_set = candidate_set
         self.jax_device = jax_device
@@ -76,7 +76,7 @@ class Tuner:
         self.store = store if store is not None else open_store()
         self.rules = rules
         self.clock = clock
-        self.probes = probes or Probes(device, jax_device, self.timer, self.store, launch_fn)
+        self.probes = probes or Probes(device, jax_device, self.timer, self.store, native)
         self.namespace = decision_namespace(device.fingerprint)
         self.checksum = candidate_set.checksum()
         self._memory: dict[MatmulKey, Decision] = {}
@@ -307,13 +307,14 @@ def candidate_set_for(device: DeviceInfo) -> CandidateSet:
     return builder.build()
 
 
-def _launch_fn(device: DeviceInfo):
+def native_module(device: DeviceInfo):
+    """``jax_autotune.native`` on a CPU where the extension is built, else None."""
     if device.platform != "cpu":
         return None
     try:
         from jax_autotune import native
-        return lambda a, b: native.noop_call(a)
-    except Exception:  # noqa: BLE001
+        return native
+    except ImportError:
         return None
 
 
@@ -325,7 +326,7 @@ def tuner_for(platform: str) -> Tuner:
             jax_device = jax.devices(platform)[0]
             device = device_info(jax_device)
             _tuners[platform] = Tuner(device, candidate_set_for(device), jax_device=jax_device,
-                                      launch_fn=_launch_fn(device))
+                                      native=native_module(device))
         return _tuners[platform]
 
 

@@ -173,7 +173,7 @@ def test_wrong_operands_are_value_errors_naming_the_argument():
 def _run_python(body: str, isa_override: str = "") -> str:
     """Runs ``body`` in a fresh interpreter with JAX_AUTOTUNE_NATIVE_ISA set; its stdout."""
     env = dict(os.environ, JAX_AUTOTUNE_NATIVE_ISA=isa_override)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], env=env,
+    result = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(body)], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout

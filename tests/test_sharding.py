@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_shard_map_tunes_per_shard_shapes_and_plain_jit_with_sharded_operands_is_correct(tmp_path):
     env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-P", "-c", SCRIPT], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

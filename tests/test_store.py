@@ -222,7 +222,7 @@ def test_two_processes_writing_at_once_keep_every_row(tmp_path):
     path = tmp_path / "shared" / "default.db"
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "error"}
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), w, str(go)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", _WRITER, str(path), w, str(go)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for w in ("p0", "p1")]
     time.sleep(0.3)
