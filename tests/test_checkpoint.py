@@ -24,7 +24,7 @@ from test_table import PROBLEM_A, make_tuner, tuned_tuner  # noqa: E402,F401
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "shipping.md"
+DOC = Path(__file__).resolve().parents[1] / "README.md"  # its shipping example
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_saving_something_else_than_a_tune_table_names_the_argument():
 # ---------------------------------------------------------------- the README example, end to end
 
 def doc_files() -> dict[str, str]:
-    """The ``# file: NAME`` python blocks of docs/shipping.md."""
+    """The ``# file: NAME`` python blocks of the README's shipping example."""
     blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), re.S)
     return {name: code for name, code in blocks}
 
