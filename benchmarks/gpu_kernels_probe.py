@@ -6,14 +6,14 @@ non-skipped groups (marked x, to see what wins elsewhere), compiles them in para
 threads, checks each against an f32 HIGHEST XLA reference and times the good ones by
 device time (CUPTI, ``jax.experimental.mosaic.gpu.profiler.measure``).
 
-    PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out $OUT [--quick]
-    PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out $OUT --experiment 1   # or 2
+    PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out DIR [--quick]
+    PYTHONPATH=. python3 benchmarks/gpu_kernels_probe.py --out DIR --experiment 1   # or 2
 
 ``--experiment N`` skips the candidate set and times the performance pass's explicit
 candidates for the goal shapes instead (``experiment_cases``, ``experiment_cases_2``),
-writing ``$OUT/gpu_kernels_experiment.json``.
+writing ``DIR/gpu_kernels_experiment.json``.
 
-Writes ``$OUT/gpu_kernels_probe.json`` (every candidate's result) and prints a table.
+Writes ``DIR/gpu_kernels_probe.json`` (every candidate's result) and prints a table.
 """
 
 from __future__ import annotations
