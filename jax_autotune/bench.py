@@ -2,9 +2,10 @@
 
 For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 
-1. order the round: XLA's dot first, then by estimated cost; compile candidates in
-   background threads a few ahead of the one being measured (``Timer.prepare``), so
-   compiling overlaps measuring and a short-circuit saves the remaining compiles;
+1. order the round: XLA's dot first (compiled and measured alone, so that when it
+   short-circuits nothing else is compiled), then by estimated cost; compile the rest
+   in parallel threads (``Timer.prepare``): all before timing with a host clock, a few
+   ahead of the one being measured with a device timer;
 2. run each once (the warm-up) and compare its output with the reference: a wrong
    result is recorded as ``wrong_result`` and never timed;
 3. sample candidates one after another in that order: the first sample is
@@ -82,30 +83,42 @@ class KeyBenchmark:
                   label: str = "") -> bool:
         """Benchmark the baseline (once) and the round's candidates.
 
-        Candidates are measured in order (baseline first, then by estimated cost) while
-        the next ones compile in background threads, at most ``rules.compile_ahead`` at a
-        time; once tuning is finished (short-circuit or budget), candidates not compiled
-        yet are never compiled. True when one of the round's own candidates produced a
-        valid (``ok``) result.
+        The baseline is compiled and measured first, alone: when it short-circuits,
+        nothing else is compiled. The others are then measured in order of estimated cost.
+        With a host wall-clock timer they are all compiled (in parallel threads) before
+        any is timed, so compiling never disturbs a measurement; with a device timer they
+        compile at most ``rules.compile_ahead`` ahead of the one being measured, so
+        compiling overlaps measuring and a short-circuit saves the remaining compiles.
+        True when one of the round's own candidates produced a valid (``ok``) result.
         """
         fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
                        key=lambda c: self._order(c, baseline))
+        stages = [fresh[:1], fresh[1:]] if fresh and fresh[0] is baseline else [fresh]
+        device_time = getattr(self.timer, "measures_device_time", False)
+        for stage in stages:
+            ahead = self.rules.compile_ahead if device_time else len(stage)
+            self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
+        return any(self.results[c.name].outcome == "ok" for c in candidates)
+
+    def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
+                   wait_for_all: bool) -> None:
         if self.finished:
-            for c in fresh:
+            for c in stage:
                 self._record(c.name, "skipped", label, error=self.finish_reason)
-            return False
-        ahead = max(1, self.rules.compile_ahead)
+            return
         pool = concurrent.futures.ThreadPoolExecutor(ahead)
-        futures = {c.name: pool.submit(self._prepare, c) for c in fresh[:ahead]}
+        futures = {c.name: pool.submit(self._prepare, c) for c in stage[:ahead]}
+        if wait_for_all:
+            concurrent.futures.wait(futures.values())
         try:
-            for index, candidate in enumerate(fresh):
+            for index, candidate in enumerate(stage):
                 if not self.finished and self.clock() > self.deadline:
                     self._finish("budget")
                 if self.finished:
                     self._record(candidate.name, "skipped", label, error=self.finish_reason)
                     continue
-                if index + ahead < len(fresh):  # keep the compile window full
-                    following = fresh[index + ahead]
+                if index + ahead < len(stage):  # keep the compile window full
+                    following = stage[index + ahead]
                     futures[following.name] = pool.submit(self._prepare, following)
                 measurement, error = futures[candidate.name].result()
                 if error is not None:
@@ -115,7 +128,6 @@ class KeyBenchmark:
                     self._measure(candidate, measurement, label)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return any(self.results[c.name].outcome == "ok" for c in candidates)
 
     def winner(self) -> str | None:
         eligible = [r for r in self.results.values() if r.eligible]

@@ -24,7 +24,7 @@ class TuningRules:
     short_circuit_hits: int = 2  # in-bound samples that end the whole tuning
     stable_spread: float = 0.03  # stop sampling once median/min - 1 is within this
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
-    compile_ahead: int = 3  # candidates compiling in background while one is measured
+    compile_ahead: int = 3  # device timers: candidates compiling while one is measured
 
     # roofline thresholds: the fraction of peak that counts as "good enough"
     thresholds: tuple[tuple[str, float | None], ...] = (

@@ -81,6 +81,7 @@ class WallClockTimer:
     is shorter than the target, of 16."""
 
     name = "wall_clock"
+    measures_device_time = False
 
     def __init__(self, target_seconds: float = 2e-3, max_reps: int = 1000, clock=time.perf_counter):
         self.target_seconds, self.max_reps, self.clock = target_seconds, max_reps, clock
@@ -148,6 +149,7 @@ class DeviceTimer:
     measurements, and runs are profiled ``batch`` at a time."""
 
     name = "device_cupti"
+    measures_device_time = True  # host load (e.g. compiles in other threads) does not skew it
 
     def __init__(self, batch: int = 12):
         from jax.experimental.mosaic.gpu import profiler

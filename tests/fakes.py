@@ -43,6 +43,7 @@ class FakeMeasurement:
         value = script[min(self.samples_taken, len(script) - 1)]
         self.samples_taken += 1
         self.timer.sampled.append(self.name)
+        self.timer.events.append(("sample", self.name))
         if isinstance(value, BaseException):
             raise value
         if self.timer.clock is not None and value is not None:
@@ -59,8 +60,10 @@ class FakeTimer:
     name = "fake"
 
     def __init__(self, scripts, *, compile_errors=None, run_errors=None, wrong=(), clock=None,
-                 real_outputs=False):
+                 real_outputs=False, device_time=True):
         self.scripts = scripts
+        self.measures_device_time = device_time  # True: compile a few ahead, like on GPUs
+        self.events: list[tuple[str, str]] = []  # ("prepare" | "sample", name), in order
         self.real_outputs = real_outputs
         self.compile_errors = compile_errors or {}
         self.run_errors = run_errors or {}
@@ -71,6 +74,7 @@ class FakeTimer:
 
     def prepare(self, candidate, problem, args):
         self.prepared.append(candidate.name)
+        self.events.append(("prepare", candidate.name))
         error = self.compile_errors.get(candidate.name)
         if error is not None:
             raise error

@@ -93,13 +93,32 @@ def test_a_short_circuit_ends_later_rounds_too():
 
 
 def test_after_a_short_circuit_candidates_outside_the_compile_window_are_never_compiled():
-    timer = FakeTimer({"xla_dot": [0.1]})
+    timer = FakeTimer({"xla_dot": [2.0], "c0": [0.1]})
     b = bench(timer, limit=1.0, rules=TuningRules(compile_ahead=2))
     b.run_round(BASE, [fake_candidate(f"c{i}", cost=i) for i in range(6)])
-    assert b.finished
-    assert timer.prepared[:2] == ["xla_dot", "c0"]  # the window: baseline + one ahead
-    assert len(timer.prepared) <= 3
-    assert all(b.results[f"c{i}"].outcome == "skipped" for i in range(6))
+    assert b.finished and b.winner() == "c0"
+    # c0 short-circuited while c1 (and at most c2) compiled ahead; c3..c5 never compiled
+    assert timer.prepared[:2] == ["xla_dot", "c0"] and len(timer.prepared) <= 4
+    assert all(b.results[f"c{i}"].outcome == "skipped" for i in range(1, 6))
+
+
+def test_with_a_host_clock_every_candidate_compiles_before_any_is_timed():
+    scripts = {"xla_dot": [5.0], "a": [1.0], "b": [2.0], "c": [3.0]}
+    timer = FakeTimer(scripts, device_time=False)
+    b = bench(timer, rules=TuningRules(compile_ahead=1))
+    b.run_round(BASE, [fake_candidate(n, cost=i) for i, n in enumerate("abc")])
+    first_sample_of_a = timer.events.index(("sample", "a"))
+    assert {("prepare", n) for n in "abc"} <= set(timer.events[:first_sample_of_a])
+    assert timer.events[0] == ("prepare", "xla_dot")  # the baseline alone first
+    assert timer.events[1] == ("sample", "xla_dot")
+
+
+def test_a_baseline_short_circuit_compiles_nothing_else_with_either_timer():
+    for device_time in (True, False):
+        timer = FakeTimer({"xla_dot": [0.1]}, device_time=device_time)
+        b = bench(timer, limit=1.0)
+        b.run_round(BASE, [fake_candidate("a"), fake_candidate("b")])
+        assert timer.prepared == ["xla_dot"]
 
 
 def test_the_budget_ends_tuning_with_the_best_so_far():
