@@ -142,7 +142,9 @@ def main() -> None:
              f"CPU: {_cpu_model()}; {platform.python_implementation()} {platform.python_version()}; "
              f"jax {jax_version}.", f"Command: `{command}`", "",
              "Median time per matmul (us) of XLA's dot and of the tuned matmul, timed alternately "
-             "in one process; ratio = XLA / tuned (above 1: tuned is faster).", "",
+             "in one process; ratio = XLA / tuned (above 1: tuned is faster). Rows whose winner "
+             "is xla_dot time XLA's dot against itself: their distance from 1.00 is this "
+             "machine's noise.", "",
              "| cores | case | dtype | XLA us | tuned us | ratio | winner |",
              "|---|---|---|---|---|---|---|"]
     for row in all_rows:
