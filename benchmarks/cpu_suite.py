@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from report import geomean, write_results
+
 CASES = [
     # (label, batch, m, n, k, group)
     ("4096x8x8x8", 4096, 8, 8, 8, "small-batched"),
@@ -111,11 +113,6 @@ def run_child(args) -> None:
     print(json.dumps({"rows": rows, "jax": jax.__version__, "stats": jat.stats()}))
 
 
-def geomean(values):
-    values = list(values)
-    return statistics.geometric_mean(values) if values else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
@@ -158,12 +155,8 @@ def main() -> None:
                 lines.append(f"| {cores} | {group} | {geomean(ratios):.2f} | {min(ratios):.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"cpu_suite_{date}")
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({"date": date, "command": command, "cpu": _cpu_model(), "rows": all_rows}, f, indent=1)
+    write_results(args.out, f"cpu_suite_{date}", text,
+                  {"date": date, "command": command, "cpu": _cpu_model(), "rows": all_rows})
 
 
 if __name__ == "__main__":

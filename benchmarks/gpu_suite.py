@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from report import geomean, write_results
+
 SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
           (1000, 1000, 1000), (1025, 1025, 1025), (768, 768, 768), (8192, 8192, 128),
           (16, 8192, 8192), (1, 4096, 4096), (128, 8192, 8192), (4096, 14336, 4096),
@@ -127,11 +129,6 @@ def run_warm(args) -> dict:
     return {"first_call_s": firsts, "stats": jat.stats()}
 
 
-def geomean(values):
-    values = [v for v in values if v]
-    return statistics.geometric_mean(values) if values else float("nan")
-
-
 def report(rows, warm, command) -> str:
     import jax
     date = datetime.date.today().isoformat()
@@ -199,12 +196,8 @@ def main() -> None:
     command = "python benchmarks/gpu_suite.py " + " ".join(sys.argv[1:])
     text = report(rows, warm, command)
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"gpu_suite_{datetime.date.today().isoformat()}_{args.subset}")
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump({"rows": rows, "warm": warm, "command": command}, f, indent=1)
+    stem = write_results(args.out, f"gpu_suite_{datetime.date.today().isoformat()}_{args.subset}",
+                         text, {"rows": rows, "warm": warm, "command": command})
     plot(rows, stem + ".png")
 
 

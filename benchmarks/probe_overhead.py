@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import statistics
 import sys
 
 import jax
+from report import write_results
 
 from jax_autotune.probes import LAUNCH_MAX, LAUNCH_MAX_SECONDS, sample_launch_overhead
 from jax_autotune.tuner import tuner_for
@@ -55,13 +54,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, f"probe_overhead_{device.platform}_{date}")
-        with open(stem + ".md", "w", encoding="utf-8") as f:
-            f.write(text)
-        with open(stem + ".json", "w", encoding="utf-8") as f:
-            json.dump({"long_us": long_value * 1e6, "long_launches": launches,
-                       "probes": [p.to_json() for p in probes]}, f, indent=1)
+        write_results(args.out, f"probe_overhead_{device.platform}_{date}", text,
+                      {"long_us": long_value * 1e6, "long_launches": launches,
+                       "probes": [p.to_json() for p in probes]})
 
 
 if __name__ == "__main__":
