@@ -18,12 +18,13 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 6. the per-key budget ends tuning with the best so far (the rest ``skipped``).
 
 The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
-SCORE, the median of its kept samples. Every constant is in ``rules.TuningRules``.
+SCORE, the median of its kept samples; it replaces XLA's dot only when it is faster by
+more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal kernel. Every constant is in ``rules.TuningRules``.
 
     >>> bench = KeyBenchmark(problem, inputs, reference, timer, limit=bounds.limit)
     >>> bench.run_round(plan.baseline, round.candidates, label="gemm/2")
     True
-    >>> bench.winner()
+    >>> bench.winner(baseline="xla_dot")
     'native_gemm_avx2_6x16_t2'
 """
 
@@ -129,11 +130,17 @@ class KeyBenchmark:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def winner(self) -> str | None:
+    def winner(self, baseline: str | None = None) -> str | None:
+        """The eligible candidate with the lowest score; a candidate must beat an eligible
+        ``baseline`` by ``rules.baseline_margin`` to replace it (noise is not a win)."""
         eligible = [r for r in self.results.values() if r.eligible]
         if not eligible:
             return None
-        return min(eligible, key=lambda r: r.score).name
+        best = min(eligible, key=lambda r: r.score)
+        base = self.results.get(baseline) if baseline else None
+        if base is not None and base.eligible and best.score * (1 + self.rules.baseline_margin) > base.score:
+            return base.name
+        return best.name
 
     # ---------------------------------------------------------------- steps
     def _order(self, candidate: Candidate, baseline: Candidate):

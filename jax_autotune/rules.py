@@ -23,6 +23,7 @@ class TuningRules:
     keep_at_least: int = 2  # pruning never leaves fewer measured survivors than this
     short_circuit_hits: int = 2  # in-bound samples that end the whole tuning
     stable_spread: float = 0.03  # stop sampling once median/min - 1 is within this
+    baseline_margin: float = 0.02  # a candidate must beat XLA's dot by this to replace it
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
     compile_ahead: int = 3  # device timers: candidates compiling while one is measured
 

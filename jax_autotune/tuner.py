@@ -224,7 +224,7 @@ class Tuner:
         planned = {c.name for r in plan.rounds for c in r.candidates}
         for name in sorted(planned - set(bench.results)):
             bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
-        winner = bench.winner()
+        winner = bench.winner(baseline=plan.baseline.name)
         reason = ""
         if winner is None:
             winner, reason = plan.baseline.name, "no candidate produced a valid timing"

@@ -131,6 +131,15 @@ def test_the_budget_ends_tuning_with_the_best_so_far():
     assert b.winner() == "a"
 
 
+@pytest.mark.parametrize("time, expected", [(0.99, "xla_dot"), (0.97, "near")])
+def test_a_candidate_must_beat_the_baseline_by_the_margin(time, expected):
+    timer = FakeTimer({"xla_dot": [1.0], "near": [time]})
+    b = bench(timer, rules=TuningRules(baseline_margin=0.02))
+    b.run_round(BASE, [fake_candidate("near")])
+    assert b.winner() == "near"  # without a baseline: the plain fastest
+    assert b.winner(baseline="xla_dot") == expected
+
+
 def test_a_wrong_result_never_wins_even_when_fastest():
     timer = FakeTimer({"xla_dot": [1.0], "wrong": [0.001]}, wrong={"wrong"})
     b = bench(timer)
