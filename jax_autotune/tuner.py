@@ -79,6 +79,7 @@ class Tuner:
         self.probes = probes or Probes(device, jax_device, self.timer, self.store, native)
         self.namespace = decision_namespace(device.fingerprint)
         self.checksum = candidate_set.checksum()
+        self.store_settings: tuple | None = None  # (cache, cache_dir, environment) of tuner_for
         self._memory: dict[MatmulKey, Decision] = {}
         self._pending: dict[MatmulKey, threading.Event] = {}
         self._lock = threading.Lock()
@@ -171,6 +172,11 @@ class Tuner:
                 continue
             known.setdefault(decision.key, decision.with_source("store"))
         return list(known.values())
+
+    def use_store(self, store: TuneStore) -> None:
+        """Switch to another store (decisions and probes are read from and written there)."""
+        old, self.store, self.probes.store = self.store, store, store
+        old.close()
 
     def forget(self) -> None:
         """Drop the memory table (the store is untouched)."""
@@ -318,16 +324,29 @@ def native_module(device: DeviceInfo):
         return None
 
 
+def _store_settings() -> tuple:
+    return config.get("cache"), config.get("cache_dir"), config.get("environment")
+
+
 def tuner_for(platform: str) -> Tuner:
-    """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once."""
+    """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once.
+
+    When ``cache``, ``cache_dir`` or ``environment`` changed since, it switches to that
+    store (its memory table of decisions stays).
+    """
     platform = "gpu" if platform in ("cuda", "rocm") else platform
+    settings = _store_settings()
     with _tuners_lock:
-        if platform not in _tuners:
+        tuner = _tuners.get(platform)
+        if tuner is None:
             jax_device = jax.devices(platform)[0]
             device = device_info(jax_device)
-            _tuners[platform] = Tuner(device, candidate_set_for(device), jax_device=jax_device,
-                                      native=native_module(device))
-        return _tuners[platform]
+            tuner = _tuners[platform] = Tuner(device, candidate_set_for(device), jax_device=jax_device,
+                                              native=native_module(device))
+        elif tuner.store_settings != settings:
+            tuner.use_store(open_store())
+        tuner.store_settings = settings
+        return tuner
 
 
 def built_tuners() -> list[Tuner]:
@@ -339,7 +358,8 @@ def built_tuners() -> list[Tuner]:
 def reset_tuners() -> None:
     """Forget every tuner (memory tables, probes, store handles); the next use rebuilds.
 
-    Call after changing ``cache``, ``cache_dir`` or ``environment``.
+    Tests use it for a clean slate; a changed ``cache``, ``cache_dir`` or ``environment``
+    needs no reset (``tuner_for`` switches stores).
     """
     with _tuners_lock:
         for tuner in _tuners.values():

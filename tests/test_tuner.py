@@ -171,3 +171,18 @@ def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
     record = json.loads(lines[0])
     assert record["winner"] == "fast" and record["key_string"] == PROBLEM.key().canonical()
     assert {r["name"] for r in record["results"]} == {"xla_dot", "fast", "slow"}
+
+
+def test_tuner_for_follows_a_changed_cache_dir_without_a_reset(tmp_path):
+    from jax_autotune.tuner import reset_tuners, tuner_for
+    reset_tuners()
+    config.update("cache_dir", str(tmp_path / "first"))
+    tuner = tuner_for("cpu")
+    assert str(tuner.store.path).startswith(str(tmp_path / "first"))
+    config.update("cache_dir", str(tmp_path / "second"))
+    assert tuner_for("cpu") is tuner
+    assert str(tuner.store.path).startswith(str(tmp_path / "second"))
+    assert tuner.probes.store is tuner.store
+    config.update("cache", False)
+    assert tuner_for("cpu").store.path is None
+    reset_tuners()
