@@ -341,6 +341,15 @@ class MatmulProblem:
     def out_shape(self) -> tuple[int, int, int]:
         return (self.batch, self.m, self.n)
 
+    def describe(self) -> str:
+        """A compact one-line form, e.g. ``8x1000x1000x1000 float32 NT DEFAULT``
+        (N: stored as is, T: stored transposed)."""
+        dims = f"{self.m}x{self.n}x{self.k}" if self.batch == 1 else f"{self.batch}x{self.m}x{self.n}x{self.k}"
+        dtypes = {self.lhs_dtype, self.rhs_dtype, self.out_dtype}
+        dtype = self.lhs_dtype if len(dtypes) == 1 else f"{self.lhs_dtype},{self.rhs_dtype}->{self.out_dtype}"
+        layouts = "NT"[self.transpose_a] + "NT"[self.transpose_b]
+        return f"{dims} {dtype} {layouts} {self.precision.value}"
+
     def key(self, level: Level | str | None = None) -> MatmulKey:
         """The tune key of this problem at ``level`` (default: the configured level)."""
         if level is None:

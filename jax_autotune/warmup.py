@@ -59,11 +59,9 @@ class WarmupReport:
         def us(seconds):
             return f"{seconds * 1e6:10.1f}" if seconds else f"{'-':>10}"
 
-        lines = [f"{'batch x m x n x k':>24} {'dtype':>9} {'winner':<36} {'us':>10} {'xla us':>10} source"]
+        lines = [f"{'problem':<36} {'winner':<40} {'us':>10} {'xla us':>10} source"]
         for e in self.entries:
-            p = e.problem
-            shape = f"{p.batch}x{p.m}x{p.n}x{p.k}{'T' if p.transpose_b else ''}"
-            lines.append(f"{shape:>24} {p.lhs_dtype:>9} {e.winner:<36} {us(e.winner_seconds)} "
+            lines.append(f"{e.problem.describe():<36} {e.winner:<40} {us(e.winner_seconds)} "
                          f"{us(e.xla_seconds)} {e.source}")
         return "\n".join(lines)
 
