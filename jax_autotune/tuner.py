@@ -210,7 +210,7 @@ class Tuner:
             counters.bump("tuning_seconds", self.clock() - started)
 
     def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict) -> Decision:
-        rules = self.rules or dataclasses.replace(DEFAULT_RULES)
+        rules = self.rules or DEFAULT_RULES
         budget = rules.budget_seconds or config.get("budget_seconds")
         phases = PhaseClock(time.perf_counter)
         with phases("operands"):
