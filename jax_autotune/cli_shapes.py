@@ -83,9 +83,8 @@ def _seconds(value: float) -> str:
 def format_rows(title: str, rows: list[dict]) -> list[str]:
     lines = [f"## {title}"]
     for row in rows:
-        _, m, n, k, transpose_b = parse_shape(row["shape"])
-        label = f"{m}x{k}" if m == n == k else f"{m}x{n}x{k}"
-        label += "T" if transpose_b else ""
+        text = row["shape"]
+        label = f"{text}x{text}" if text.isdigit() else text  # squares as the reference prints them
         lines.append(f"{label:>10} first: {_seconds(row['first_s']):>10}  tuned={row['tuned']} "
                      f"candidate_runs={row['candidate_runs']} probe_launches={row['probe_launches']} "
                      f"compiles={row['compiles']} store_hits={row['store_hits']}")
