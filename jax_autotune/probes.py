@@ -84,7 +84,8 @@ def sample_launch_overhead(sample: Callable[[], tuple[float, int]], *, max_launc
             recent = medians[-LAUNCH_SETTLE_WINDOW:]
             if (max(recent) - min(recent)) <= settle * min(recent):
                 break
-        if launches >= max_launches or clock() - start >= max_seconds:
+        # stop before a sample of the same size would pass the launch cap
+        if launches + used > max_launches or clock() - start >= max_seconds:
             break
     return ProbeResult(statistics.median(samples), launches, clock() - start)
 
