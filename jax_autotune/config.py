@@ -210,8 +210,3 @@ def reset() -> None:
     with _lock:
         _explicit.clear()
         _file_cache.clear()
-
-
-def snapshot() -> dict[str, Any]:
-    """Every setting's effective value."""
-    return {name: get(name) for name in SETTINGS}

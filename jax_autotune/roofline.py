@@ -67,11 +67,6 @@ class Bounds:
         }
 
 
-def floor_seconds(work: Work, peaks: Peaks) -> float:
-    """The roofline floor: no kernel runs much faster than this."""
-    return max(work.ops / peaks.compute, work.bytes / peaks.bandwidth)
-
-
 def roofline_bounds(problem: MatmulProblem, peaks: Peaks, level: Level | str,
                     rules: TuningRules = DEFAULT_RULES) -> Bounds:
     work = Work.of(problem)
