@@ -135,7 +135,8 @@ class Tuner:
             decision = self._tune(key, problem)
             with self._lock:
                 self._memory[key] = decision
-            self.store.put(self.namespace, key.canonical(), self.checksum, decision.to_json())
+            if decision.source == "tuned":  # a failed tuning is retried by the next process
+                self.store.put(self.namespace, key.canonical(), self.checksum, decision.to_json())
             log_decision(decision, config.get("log_decisions"))
             return decision
         finally:
@@ -204,8 +205,9 @@ class Tuner:
                 return self._benchmark(plan, problem, started, fields)
         except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
             counters.bump("fallbacks")
-            return Decision(winner=plan.baseline.name, tuning_seconds=self.clock() - started,
-                            reason=f"tuning failed: {type(err).__name__}: {err}"[:500], **fields)
+            return Decision(**{**fields, "source": "fallback"}, winner=plan.baseline.name,
+                            tuning_seconds=self.clock() - started,
+                            reason=f"tuning failed: {type(err).__name__}: {err}"[:500])
         finally:
             counters.bump("tuning_seconds", self.clock() - started)
 

@@ -117,10 +117,14 @@ def test_nothing_valid_falls_back_to_xla_dot_with_the_reason(store):
     assert {r.outcome for r in decision.results} == {"compile_error"}
 
 
-def test_an_error_outside_the_candidates_never_escapes(store):
-    decision = make_tuner(store, probes=FakeProbes(RuntimeError("probe failed"))).select(PROBLEM)
-    assert decision.winner == "xla_dot"
+def test_an_error_outside_the_candidates_never_escapes_and_is_not_stored(store):
+    failing = make_tuner(store, probes=FakeProbes(RuntimeError("probe failed")))
+    decision = failing.select(PROBLEM)
+    assert decision.winner == "xla_dot" and decision.source == "fallback"
     assert "probe failed" in decision.reason
+    assert failing.select(PROBLEM).source == "memory"  # not retried in this process
+    assert store.entries() == []  # the next process tunes again
+    assert make_tuner(store).select(PROBLEM).source == "tuned"
 
 
 def test_a_key_being_tuned_is_pending_and_a_second_thread_waits_for_it(store):
