@@ -102,6 +102,17 @@ BatchedMatmul<T> batched(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer 
                           static_cast<T*>(out.untyped_data()), s.batch, s.m, s.n, s.k, ta, tb};
 }
 
+// Calls run(BatchedMatmul<float or double>) for the operands' element type (checked to be
+// f32 or f64, and equal, by check_matmul).
+template <typename Run>
+void with_batched(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::AnyBuffer out, const Shapes& s,
+                  bool ta, bool tb, Run run) {
+  if (lhs.element_type() == ffi::DataType::F32)
+    run(batched<float>(lhs, rhs, out, s, ta, tb));
+  else
+    run(batched<double>(lhs, rhs, out, s, ta, tb));
+}
+
 // Runs body(batch_range_begin, batch_range_end) over `threads` contiguous batch chunks.
 template <typename Body>
 void over_batch(int64_t batch, int threads, Body body) {
@@ -147,12 +158,8 @@ ffi::Error small_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::A
                                        std::to_string(s.m) + " n=" + std::to_string(s.n) +
                                        " k=" + std::to_string(s.k));
   const KernelTable& table = kernels_for(static_cast<Isa>(isa));
-  if (lhs.element_type() == ffi::DataType::F32)
-    run_small(batched<float>(lhs, rhs, *out, s, transpose_a, transpose_b), table,
-              thread_count(threads));
-  else
-    run_small(batched<double>(lhs, rhs, *out, s, transpose_a, transpose_b), table,
-              thread_count(threads));
+  with_batched(lhs, rhs, *out, s, transpose_a, transpose_b,
+               [&](const auto& p) { run_small(p, table, thread_count(threads)); });
   return ffi::Error::Success();
 }
 
@@ -215,12 +222,8 @@ ffi::Error gemv_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
                                        "m == 1 (VecMat), got m=" + std::to_string(s.m) +
                                        " n=" + std::to_string(s.n));
   const KernelTable& table = kernels_for(static_cast<Isa>(isa));
-  if (lhs.element_type() == ffi::DataType::F32)
-    run_gemv(batched<float>(lhs, rhs, *out, s, transpose_a, transpose_b), table,
-             thread_count(threads));
-  else
-    run_gemv(batched<double>(lhs, rhs, *out, s, transpose_a, transpose_b), table,
-             thread_count(threads));
+  with_batched(lhs, rhs, *out, s, transpose_a, transpose_b,
+               [&](const auto& p) { run_gemv(p, table, thread_count(threads)); });
   return ffi::Error::Success();
 }
 
@@ -240,10 +243,8 @@ ffi::Error gemm_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
                                        std::to_string(kTilesPerIsa) + "), got " +
                                        std::to_string(tile));
   const GemmTile& t = kernels_for(static_cast<Isa>(isa)).tiles[tile];
-  if (lhs.element_type() == ffi::DataType::F32)
-    gemm(batched<float>(lhs, rhs, *out, s, transpose_a, transpose_b), t, thread_count(threads));
-  else
-    gemm(batched<double>(lhs, rhs, *out, s, transpose_a, transpose_b), t, thread_count(threads));
+  with_batched(lhs, rhs, *out, s, transpose_a, transpose_b,
+               [&](const auto& p) { gemm(p, t, thread_count(threads)); });
   return ffi::Error::Success();
 }
 
@@ -263,10 +264,8 @@ ffi::Error blas_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
     return ffi::Error::InvalidArgument(std::string(target) + ": m, n and k must fit a 32-bit "
                                        "BLAS int");
   if (handled_empty(s, *out)) return ffi::Error::Success();
-  if (lhs.element_type() == ffi::DataType::F32)
-    blas_gemm(batched<float>(lhs, rhs, *out, s, transpose_a, transpose_b), thread_count(threads));
-  else
-    blas_gemm(batched<double>(lhs, rhs, *out, s, transpose_a, transpose_b), thread_count(threads));
+  with_batched(lhs, rhs, *out, s, transpose_a, transpose_b,
+               [&](const auto& p) { blas_gemm(p, thread_count(threads)); });
   return ffi::Error::Success();
 }
 
