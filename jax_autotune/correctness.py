@@ -13,13 +13,14 @@ The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.key import MatmulProblem, Precision
-from jax_autotune.timing import as_numpy
+from jax_autotune.timing import DEVICE_LOCK, as_numpy
 
 HOST_REFERENCE_MAX_MACS = 2**31
 
@@ -93,14 +94,33 @@ def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERE
         compiled = lowered.compile(compiler_options={"xla_gpu_autotune_level": 0})
     except Exception:  # noqa: BLE001 - option unknown to this backend: compile as usual
         compiled = lowered.compile()
-    return jax.block_until_ready(compiled(lhs, rhs))
+    with DEVICE_LOCK.shared():
+        return jax.block_until_ready(compiled(lhs, rhs))
 
 
-@jax.jit
 def _device_errors(out, ref):
     diff = out.astype(jnp.float32) - ref
     return (jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(ref.ravel()),
             jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_errors(out_shape: tuple, out_dtype: str, ref_shape: tuple, device):
+    with jax.default_device(device):
+        return jax.jit(_device_errors).lower(
+            jax.ShapeDtypeStruct(out_shape, out_dtype),
+            jax.ShapeDtypeStruct(ref_shape, jnp.float32)).compile()
+
+
+def prepare_check(problem: MatmulProblem, ref) -> None:
+    """Compile the device comparison of ``problem``'s outputs with ``ref`` ahead of the
+    first ``check`` (the tuner does it while the baseline compiles); no-op for host refs."""
+    if isinstance(ref, jax.Array):
+        _compiled_errors(tuple(ref.shape), problem.out_dtype, tuple(ref.shape), _device_of(ref))
+
+
+def _device_of(x: jax.Array):
+    return next(iter(x.devices()))
 
 
 def check(out, ref, problem: MatmulProblem, platform: str = "gpu") -> Check:
@@ -110,8 +130,10 @@ def check(out, ref, problem: MatmulProblem, platform: str = "gpu") -> Check:
     if tuple(out.shape) != tuple(ref.shape):
         return Check(False, float("inf"), tol)
     if isinstance(ref, jax.Array):
-        diff, scale, finite = (float(x) if x.dtype != jnp.bool_ else bool(x)
-                               for x in jax.device_get(_device_errors(out, ref)))
+        errors = _compiled_errors(tuple(out.shape), str(out.dtype), tuple(ref.shape), _device_of(ref))
+        with DEVICE_LOCK.shared():
+            values = jax.device_get(errors(out, ref))
+        diff, scale, finite = (float(x) if x.dtype != jnp.bool_ else bool(x) for x in values)
     else:
         got = as_numpy(out).astype(ref.dtype)
         finite = not np.issubdtype(got.dtype, np.floating) or bool(np.all(np.isfinite(got)))

@@ -15,8 +15,9 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import math
+import threading
 import time
 from typing import Any, Protocol
 
@@ -45,9 +46,69 @@ class Timer(Protocol):
         """Compile ``candidate`` for ``args``; raises what the compiler raises."""
 
 
+class DeviceLock:
+    """Keeps a device-time measurement alone on the device.
+
+    A CUPTI measurement records every kernel the process runs, and kernels running beside
+    it also slow it down. So a measurement holds the lock ``exclusive()``; everything else
+    that runs kernels while tuning (a reference, a correctness check, a compile of an XLA
+    dot, whose GEMM autotuner runs kernels) holds it ``shared()`` and may overlap the rest.
+    A waiting measurement goes before new shared holders.
+
+        >>> with DEVICE_LOCK.exclusive():
+        ...     times = measure(compiled)(lhs, rhs)
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive holders waiting
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+DEVICE_LOCK = DeviceLock()
+
+
+def runs_kernels_while_compiling(lowered) -> bool:
+    """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device
+    (the module holds an XLA dot; Pallas kernels are custom calls and hold none)."""
+    return "dot_general" in lowered.as_text()
+
+
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
-    compiled = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args).compile()
+    lowered = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args)
+    if runs_kernels_while_compiling(lowered):
+        with DEVICE_LOCK.shared():
+            compiled = lowered.compile()
+    else:
+        compiled = lowered.compile()
     counters.bump("candidate_compiles")
     return compiled
 
@@ -125,7 +186,8 @@ class _DeviceMeasurement:
 
     def output(self):
         counters.bump("candidate_runs")
-        return _block(self.compiled(*self.args))
+        with DEVICE_LOCK.shared():
+            return _block(self.compiled(*self.args))
 
     def sample(self) -> float | None:
         """Device time of one run; None when the profiler saw no kernel.
@@ -134,7 +196,8 @@ class _DeviceMeasurement:
         """
         if not self._buffer:
             counters.bump("candidate_runs", self.batch + 1)  # + the profiler's warm-up run
-            _, milliseconds = self.measure(self.compiled, iterations=self.batch)(*self.args)
+            with DEVICE_LOCK.exclusive():
+                _, milliseconds = self.measure(self.compiled, iterations=self.batch)(*self.args)
             if milliseconds is None:
                 milliseconds = [None] * self.batch
             elif not isinstance(milliseconds, (list, tuple)):
@@ -174,43 +237,31 @@ def timer_for(platform: str) -> Timer:
     return WallClockTimer()
 
 
-HOST_RANDOM_MAX_ELEMENTS = 1 << 22
+RANDOM_PERIOD = 1_048_573  # a prime: operands larger than this repeat a random block
 
 
 def _host_draw(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     dtype = jnp.dtype(dtype)
+    size = min(math.prod(shape), RANDOM_PERIOD)
     if jnp.issubdtype(dtype, jnp.integer):
-        return rng.integers(1, 8, shape).astype(dtype)
-    if jnp.issubdtype(dtype, jnp.bool_):
-        return np.ones(shape, dtype)
-    return rng.standard_normal(shape, np.float32).astype(dtype)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _device_draw(key, shape, dtype):
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.integer):
-        return jax.random.randint(key, shape, 1, 8).astype(dtype)
-    if jnp.issubdtype(dtype, jnp.bool_):
-        return jnp.ones(shape, dtype)
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+        block = rng.integers(1, 8, size).astype(dtype)
+    elif jnp.issubdtype(dtype, jnp.bool_):
+        block = np.ones(size, dtype)
+    else:
+        block = rng.standard_normal(size, np.float32).astype(dtype)
+    return np.resize(block, shape)
 
 
 def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
     """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
 
-    Drawn on the host (no compile) for the CPU and, elsewhere, up to
-    ``HOST_RANDOM_MAX_ELEMENTS`` per operand; on the device with ``jax.random`` beyond.
+    Drawn on the host, so nothing is compiled: up to ``RANDOM_PERIOD`` elements are
+    independent draws; a larger operand repeats that block, and since the period is prime
+    every row still starts at a different point of it.
     """
+    rng = np.random.default_rng(seed)
     specs = ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))
-    largest = max(math.prod(problem.lhs_shape), math.prod(problem.rhs_shape))
-    if device.platform == "cpu" or largest <= HOST_RANDOM_MAX_ELEMENTS:
-        rng = np.random.default_rng(seed)
-        return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device))
-                     for shape, dtype in specs)
-    keys = jax.random.split(jax.random.key(seed))
-    with jax.default_device(device):
-        return tuple(_block(_device_draw(key, shape, dtype)) for key, (shape, dtype) in zip(keys, specs))
+    return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device)) for shape, dtype in specs)
 
 
 def as_numpy(x) -> np.ndarray:

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_autotune.correctness import check, reference, tolerance
+from jax_autotune import timing
+from jax_autotune.correctness import check, prepare_check, reference, tolerance
 from jax_autotune.key import MatmulProblem, Precision
-from jax_autotune.timing import random_operands
+from jax_autotune.timing import random_operands, runs_kernels_while_compiling
 from jax_autotune.xla_dot import xla_dot
 
 PROBLEM = MatmulProblem(3, 33, 17, 65, "float32", "float32", "float32", transpose_a=True)
@@ -68,3 +69,28 @@ def test_random_operands_are_never_zero_and_have_the_stored_shapes():
     assert lhs.shape == problem.lhs_shape and rhs.shape == problem.rhs_shape
     assert lhs.dtype == jnp.bfloat16
     assert float(jnp.mean(lhs != 0)) > 0.98 and float(jnp.std(rhs.astype(jnp.float32))) > 0.5
+
+
+def test_only_modules_with_an_xla_dot_count_as_running_kernels_while_compiling():
+    lhs, rhs = random_operands(PROBLEM, jax.devices()[0])
+    dot = jax.jit(lambda a, b: xla_dot(a, b, PROBLEM)).lower(lhs, rhs)
+    scale = jax.jit(lambda a, b: a * 2.0).lower(lhs, rhs)
+    assert runs_kernels_while_compiling(dot) and not runs_kernels_while_compiling(scale)
+
+
+def test_a_prepared_check_gives_the_same_verdict_as_a_fresh_one():
+    lhs, rhs = random_operands(PROBLEM, jax.devices()[0], seed=5)
+    ref = reference(PROBLEM, lhs, rhs, host_max_macs=0)
+    prepare_check(PROBLEM, ref)
+    out = xla_dot(lhs, rhs, PROBLEM)
+    good, bad = check(out, ref, PROBLEM), check(out * 1.01, ref, PROBLEM)
+    assert good.ok and not bad.ok and bad.rel_error == pytest.approx(0.01, rel=0.05)
+
+
+def test_operands_beyond_the_random_period_repeat_it_with_rows_starting_apart(monkeypatch):
+    monkeypatch.setattr(timing, "RANDOM_PERIOD", 7)
+    problem = MatmulProblem(1, 5, 4, 4, "float32", "float32", "float32")
+    lhs = np.asarray(random_operands(problem, jax.devices()[0], seed=9)[0]).ravel()
+    assert len(set(lhs[:7].tolist())) == 7 and np.array_equal(lhs[7:14], lhs[:7])
+    rows = lhs.reshape(5, 4)
+    assert all(not np.array_equal(rows[i], rows[i + 1]) for i in range(4))
