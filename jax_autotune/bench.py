@@ -62,13 +62,53 @@ def _short(error: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
+class CompileQueue:
+    """Candidates compiling in background threads (``Timer.prepare``), each at most once.
+
+    The tuner starts XLA's dot here before the reference and the probes run, so that its
+    compile overlaps them; the benchmark then starts and collects the rest.
+
+        >>> compiles = CompileQueue(timer, problem, inputs, threads=4)
+        >>> compiles.start(candidate)
+        >>> measurement, error = compiles.result(candidate)   # waits for the compile
+    """
+
+    def __init__(self, timer: Timer, problem: MatmulProblem, inputs: tuple[Any, Any], threads: int):
+        self.timer, self.problem, self.inputs = timer, problem, inputs
+        self.seconds: dict[str, float] = {}  # wall time of each compile
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, threads))
+        self._futures: dict[str, concurrent.futures.Future] = {}
+
+    def start(self, candidate: Candidate) -> None:
+        if candidate.name not in self._futures:
+            self._futures[candidate.name] = self._pool.submit(self._prepare, candidate)
+
+    def result(self, candidate: Candidate):
+        """(measurement, None), or (None, the error the compile raised)."""
+        self.start(candidate)
+        return self._futures[candidate.name].result()
+
+    def close(self) -> None:
+        """Drop compiles not begun; wait for those running (a thread cannot be stopped)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _prepare(self, candidate: Candidate):
+        started = time.perf_counter()
+        try:
+            return self.timer.prepare(candidate, self.problem, self.inputs), None
+        except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
+            return None, err
+        finally:
+            self.seconds[candidate.name] = time.perf_counter() - started
+
+
 class KeyBenchmark:
     """Benchmarks candidates of one problem across rounds; keeps every result."""
 
     def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference: np.ndarray,
                  timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
                  clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
-                 platform: str = "gpu"):
+                 platform: str = "gpu", compiles: CompileQueue | None = None):
         self.problem, self.inputs, self.reference = problem, inputs, reference
         self.platform = platform
         self.timer, self.limit, self.rules, self.clock = timer, limit, rules, clock
@@ -77,7 +117,13 @@ class KeyBenchmark:
         self.finished = False  # short-circuit or budget: no more rounds
         self.finish_reason = ""
         self._best = math.inf  # best single sample so far, for pruning
-        self._compile_seconds: dict[str, float] = {}  # wall time of Timer.prepare
+        self.compiles = compiles or CompileQueue(timer, problem, inputs, self.compile_threads(timer, rules))
+
+    @staticmethod
+    def compile_threads(timer: Timer, rules: TuningRules) -> int:
+        """Threads for compiling: ``rules.compile_ahead`` with a device timer; with a host
+        clock a whole round compiles at once, before any of it is timed."""
+        return rules.compile_ahead if getattr(timer, "measures_device_time", False) else 32
 
     # ---------------------------------------------------------------- public
     def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
@@ -101,34 +147,35 @@ class KeyBenchmark:
             self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
         return any(self.results[c.name].outcome == "ok" for c in candidates)
 
+    def close(self) -> None:
+        """Wait for compiles still running (after a short-circuit or the budget)."""
+        self.compiles.close()
+
     def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
                    wait_for_all: bool) -> None:
         if self.finished:
             for c in stage:
                 self._record(c.name, "skipped", label, error=self.finish_reason)
             return
-        pool = concurrent.futures.ThreadPoolExecutor(ahead)
-        futures = {c.name: pool.submit(self._prepare, c) for c in stage[:ahead]}
+        for c in stage[:ahead]:
+            self.compiles.start(c)
         if wait_for_all:
-            concurrent.futures.wait(futures.values())
-        try:
-            for index, candidate in enumerate(stage):
-                if not self.finished and self.clock() > self.deadline:
-                    self._finish("budget")
-                if self.finished:
-                    self._record(candidate.name, "skipped", label, error=self.finish_reason)
-                    continue
-                if index + ahead < len(stage):  # keep the compile window full
-                    following = stage[index + ahead]
-                    futures[following.name] = pool.submit(self._prepare, following)
-                measurement, error = futures[candidate.name].result()
-                if error is not None:
-                    self._record(candidate.name, classify_error(error, "compile"), label,
-                                 error=_short(error))
-                else:
-                    self._measure(candidate, measurement, label)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            for c in stage:
+                self.compiles.result(c)
+        for index, candidate in enumerate(stage):
+            if not self.finished and self.clock() > self.deadline:
+                self._finish("budget")
+            if self.finished:
+                self._record(candidate.name, "skipped", label, error=self.finish_reason)
+                continue
+            if index + ahead < len(stage):  # keep the compile window full
+                self.compiles.start(stage[index + ahead])
+            measurement, error = self.compiles.result(candidate)
+            if error is not None:
+                self._record(candidate.name, classify_error(error, "compile"), label,
+                             error=_short(error))
+            else:
+                self._measure(candidate, measurement, label)
 
     def winner(self, baseline: str | None = None) -> str | None:
         """The eligible candidate with the lowest score; a candidate must beat an eligible
@@ -149,16 +196,6 @@ class KeyBenchmark:
             return (0, 0.0)
         cost = candidate.cost(self.problem) if candidate.cost else math.inf
         return (1, cost)
-
-    def _prepare(self, candidate: Candidate):
-        """Compile one candidate: (measurement, None) or (None, the error)."""
-        started = time.perf_counter()
-        try:
-            return self.timer.prepare(candidate, self.problem, self.inputs), None
-        except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
-            return None, err
-        finally:
-            self._compile_seconds[candidate.name] = time.perf_counter() - started
 
     def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
         rules = self.rules
@@ -216,4 +253,4 @@ class KeyBenchmark:
 
     def _record(self, name: str, outcome: str, label: str, **fields) -> None:
         self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
-                                             compile_seconds=self._compile_seconds.get(name), **fields)
+                                             compile_seconds=self.compiles.seconds.get(name), **fields)

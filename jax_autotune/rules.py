@@ -25,7 +25,7 @@ class TuningRules:
     stable_spread: float = 0.03  # stop sampling once median/min - 1 is within this
     baseline_margin: float = 0.02  # a candidate must beat XLA's dot by this to replace it
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
-    compile_ahead: int = 3  # device timers: candidates compiling while one is measured
+    compile_ahead: int = 4  # device timers: candidates compiling while one is measured
 
     # roofline thresholds: the fraction of peak that counts as "good enough"
     thresholds: tuple[tuple[str, float | None], ...] = (

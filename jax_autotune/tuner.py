@@ -19,6 +19,7 @@ Errors never escape tuning: if anything fails, the decision is XLA's dot with th
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -29,9 +30,9 @@ from typing import Callable
 import jax
 
 from jax_autotune import config, counters
-from jax_autotune.bench import KeyBenchmark
+from jax_autotune.bench import CompileQueue, KeyBenchmark
 from jax_autotune.candidates import Candidate, CandidateSet, CandidateSetBuilder, DeviceInfo
-from jax_autotune.correctness import reference
+from jax_autotune.correctness import prepare_check, reference
 from jax_autotune.decision import CandidateResult, Decision, log_decision
 from jax_autotune.key import MatmulKey, MatmulProblem
 from jax_autotune.plan import make_plan
@@ -217,18 +218,33 @@ class Tuner:
         phases = PhaseClock(time.perf_counter)
         with phases("operands"):
             inputs = random_operands(problem, self._jax_device())
-        with phases("reference"):
-            on_host = self.device.platform == "cpu"
-            ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
-        with phases("probes"):
-            peaks = self.probes.peaks_for(problem)
-        bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
-        bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
-                             clock=self.clock, budget_seconds=budget, platform=self.device.platform)
-        with phases("rounds"):
-            for round_ in plan.rounds:
-                if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
-                    break
+        compiles = CompileQueue(self.timer, problem, inputs, KeyBenchmark.compile_threads(self.timer, rules))
+        side = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            peaks_future = None
+            if getattr(self.timer, "measures_device_time", False):
+                # device time is not disturbed by host work: XLA's dot compiles and the
+                # probes run while the reference is computed (with a host clock, the probes
+                # must run alone)
+                compiles.start(plan.baseline)
+                peaks_future = side.submit(self.probes.peaks_for, problem)
+            with phases("reference"):
+                on_host = self.device.platform == "cpu"
+                ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
+                prepare_check(problem, ref)
+            with phases("probes"):  # the wait for them, when they ran beside the reference
+                peaks = peaks_future.result() if peaks_future else self.probes.peaks_for(problem)
+            bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
+            bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
+                                 clock=self.clock, budget_seconds=budget, platform=self.device.platform,
+                                 compiles=compiles)
+            with phases("rounds"):
+                for round_ in plan.rounds:
+                    if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
+                        break
+        finally:
+            side.shutdown(wait=True)
+            compiles.close()
         planned = {c.name for r in plan.rounds for c in r.candidates}
         for name in sorted(planned - set(bench.results)):
             bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")

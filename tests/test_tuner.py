@@ -190,3 +190,36 @@ def test_tuner_for_follows_a_changed_cache_dir_without_a_reset(tmp_path):
     config.update("cache", False)
     assert tuner_for("cpu").store.path is None
     reset_tuners()
+
+
+class ProbesThatWaitForACompile(FakeProbes):
+    """Probes that return once a compile has begun (or after 5 s) and log their end."""
+
+    def __init__(self, timer: FakeTimer, compiling: threading.Event):
+        super().__init__()
+        self.timer, self.compiling = timer, compiling
+
+    def peaks_for(self, problem):
+        self.compiling.wait(timeout=5.0)
+        self.timer.events.append(("probes done", ""))
+        return super().peaks_for(problem)
+
+
+@pytest.mark.parametrize("device_time", [True, False])
+def test_the_baseline_compiles_during_the_probes_only_with_a_device_timer(store, device_time):
+    compiling = threading.Event()
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0]}, real_outputs=True,
+                      device_time=device_time)
+    original = timer.prepare
+
+    def prepare(candidate, problem, args):
+        compiling.set()
+        return original(candidate, problem, args)
+
+    timer.prepare = prepare
+    if not device_time:
+        compiling.set()  # a host clock times the probes: nothing compiles meanwhile
+    decision = make_tuner(store, timer=timer, probes=ProbesThatWaitForACompile(timer, compiling)).select(PROBLEM)
+    assert decision.winner == "fast" and timer.prepared.count("xla_dot") == 1
+    compiled, probed = timer.events.index(("prepare", "xla_dot")), timer.events.index(("probes done", ""))
+    assert (compiled < probed) == device_time
