@@ -102,6 +102,7 @@ def run_cold(args) -> list[dict]:
             "cold_tune_s": cold_s, "compiles": after["candidate_compiles"] - before["candidate_compiles"],
             "slowest_compile_s": max((r.compile_seconds or 0.0 for r in decision.results), default=0.0),
             "probe_launches": after["probe_launches"] - before["probe_launches"],
+            "phase_seconds": decision.bounds.get("phase_seconds"),
             "outcomes": {r.name: r.outcome for r in decision.results},
             "reason": decision.reason,
         }
@@ -153,6 +154,11 @@ def report(rows, warm, command) -> str:
               f"| min speedup, large aligned bf16 | >= 0.97 | {min(large) if large else float('nan'):.2f} |",
               f"| median cold tune of a key | <= 1.0 s | {statistics.median(colds):.2f} s |",
               f"| first key of the process, probes included | <= 2.0 s | {colds[0]:.2f} s |"]
+    phases = [r["phase_seconds"] for r in rows if r.get("phase_seconds")]
+    if phases:
+        names = sorted({name for p in phases for name in p})
+        medians = ", ".join(f"{name} {statistics.median(p.get(name, 0.0) for p in phases):.2f} s" for name in names)
+        lines += ["", f"Median wall time of each phase of a cold tune ({len(phases)} tuned keys): {medians}."]
     return "\n".join(lines) + "\n"
 
 
