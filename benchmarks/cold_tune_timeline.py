@@ -93,10 +93,37 @@ def compile_all(candidates, problem, args, threads: int) -> float:
     return time.perf_counter() - start
 
 
+def serial_costs(tuner, problem) -> dict:
+    """Wall seconds of each step of a tune's set-up, one at a time (nothing overlaps)."""
+    import jax
+    from jax_autotune import correctness
+    from jax_autotune.timing import random_operands
+    from jax_autotune.xla_dot import xla_dot
+
+    costs = {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        costs[name] = round(time.perf_counter() - start, 4)
+        return out
+
+    device = tuner._jax_device()
+    lhs, rhs = timed("operands", lambda: random_operands(problem, device, seed=11))
+    ref = timed("reference", lambda: correctness.reference(problem, lhs, rhs, host_max_macs=0))
+    correctness._compiled_summary.cache_clear()
+    timed("check_compile", lambda: correctness.prepare_check(problem, ref, device))
+    out = timed("baseline_compile_and_run",
+                lambda: jax.jit(lambda a, b: xla_dot(a, b, problem)).lower(lhs, rhs).compile()(lhs, rhs))
+    timed("check", lambda: correctness.check(out, ref, problem, trusted=out).rel_error)
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--keys", default="bf16:1024,bf16:768,f32:1025,bf16:16x8192x8192,bf16:4096")
+    parser.add_argument("--serial", default="", help="keys whose set-up steps are timed one by one")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="timeline_"))
@@ -150,6 +177,12 @@ def main() -> None:
             print(f"   {stage:8s} {events[0]['start']:7.3f} -> {events[-1]['end']:7.3f} "
                   f"({sum(e['end'] - e['start'] for e in events):6.3f} s, {len(events)} ev) {name}")
 
+    report["serial_costs"] = {}
+    for text in filter(None, args.serial.split(",")):
+        dtype, m, n, k = parse_key(text)
+        costs = serial_costs(tuner, MatmulProblem(1, m, n, k, dtype, dtype, dtype))
+        report["serial_costs"][text] = costs
+        print(f"serial {text}: {json.dumps(costs)}", flush=True)
     report["probe_seconds"] = probe_seconds
     print("probes (s, compile included):", json.dumps({k: round(v, 3) for k, v in probe_seconds.items()}))
 

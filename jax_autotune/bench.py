@@ -6,7 +6,8 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
    short-circuits nothing else is compiled), then by estimated cost; compile the rest
    in parallel threads (``Timer.prepare``): all before timing with a host clock, a few
    ahead of the one being measured with a device timer;
-2. run each once (the warm-up) and compare its output with the reference: a wrong
+2. run each once (the warm-up) and compare its output with the reference (and, with
+   a sampled reference, the whole output with XLA's dot's once that passed): a wrong
    result is recorded as ``wrong_result`` and never timed;
 3. sample candidates one after another in that order: the first sample is
    discarded, then 3 to 10 are kept; a candidate
@@ -117,6 +118,8 @@ class KeyBenchmark:
         self.finished = False  # short-circuit or budget: no more rounds
         self.finish_reason = ""
         self._best = math.inf  # best single sample so far, for pruning
+        self.trusted = None  # XLA's dot's output once it passed: the others are compared whole
+        self._baseline: str | None = None
         self.compiles = compiles or CompileQueue(timer, problem, inputs, self.compile_threads(timer, rules))
 
     @staticmethod
@@ -138,6 +141,7 @@ class KeyBenchmark:
         compiling overlaps measuring and a short-circuit saves the remaining compiles.
         True when one of the round's own candidates produced a valid (``ok``) result.
         """
+        self._baseline = baseline.name
         fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
                        key=lambda c: self._order(c, baseline))
         stages = [fresh[:1], fresh[1:]] if fresh and fresh[0] is baseline else [fresh]
@@ -200,10 +204,13 @@ class KeyBenchmark:
     def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
         rules = self.rules
         try:
-            verdict = check(measurement.output(), self.reference, self.problem, self.platform)
+            out = measurement.output()
+            verdict = check(out, self.reference, self.problem, self.platform, trusted=self.trusted)
         except Exception as err:  # noqa: BLE001
             self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
             return
+        if verdict.ok and self.trusted is None and candidate.name == self._baseline:
+            self.trusted = out
         if not verdict.ok:
             self._record(candidate.name, "wrong_result", label, rel_error=verdict.rel_error,
                          error=f"relative error {verdict.rel_error:.3g} > {verdict.tolerance:.3g}")

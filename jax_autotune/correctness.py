@@ -1,8 +1,10 @@
 """Correctness gating: every candidate's output is compared with a reference first.
 
-The reference is float64 on the host for CPU problems up to ``HOST_REFERENCE_MAX_MACS``
-multiply-adds, else (and on accelerators) XLA's dot at HIGHEST precision on the device,
-accumulated in f32.
+The reference is exact and computed on the host: the whole float64 result for CPU
+problems up to ``HOST_REFERENCE_MAX_MACS`` multiply-adds; else (and on accelerators) a
+``SampledReference``, the float64 values at up to 4 x 64 x 64 entries of the output,
+edge rows and columns included. A sampled check also compares the whole output with
+XLA's dot once that one has passed, so no part of the output goes unchecked.
 The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes.
 
     >>> ref = reference(problem, lhs, rhs)
@@ -64,82 +66,137 @@ class Check:
     tolerance: float
 
 
-def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERENCE_MAX_MACS):
-    """The exact-as-possible result of the problem.
+SAMPLE_SIZE = 64  # rows and columns of the output a sampled reference computes exactly
+SAMPLE_BATCHES = 4
+_SAMPLE_EDGE = 4  # first and last rows / columns always in the sample (partial tiles)
 
-    A host float64 (int64 for integers) numpy array for problems up to ``host_max_macs``
-    multiply-adds, else a float32 device array from XLA's HIGHEST dot. Accelerators pass
-    ``host_max_macs=0``: the device reference is exact enough for every tolerance, much
-    faster, and the comparison then stays on the device too.
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SampledReference:
+    """Exact (float64) values of the output at batches x rows x columns of it.
+
+    Edge rows and columns (where partial tiles and masks live) are always sampled; the
+    rest of the output is covered by comparing with XLA's dot once that has passed
+    (``check(..., trusted=...)``).
+    """
+
+    batches: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    values: np.ndarray  # (len(batches), len(rows), len(cols)), float64 or int64
+
+
+def _sample(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    if size <= count:
+        return np.arange(size)
+    edge = max(1, min(_SAMPLE_EDGE, count // 4))
+    edges = np.r_[0:edge, size - edge:size]
+    middle = rng.choice(np.arange(edge, size - edge), count - edges.size, replace=False)
+    return np.sort(np.r_[edges, middle])
+
+
+def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None):
+    """Host (batch, m, k) and (batch, k, n) copies in float64 (int64 for integers)."""
+    wide = np.int64 if _integer(problem) else np.float64
+    a, b = as_numpy(lhs), as_numpy(rhs)
+    if batches is not None:
+        a, b = a[batches], b[batches]
+    a = np.swapaxes(a, -1, -2) if problem.transpose_a else a
+    b = np.swapaxes(b, -1, -2) if problem.transpose_b else b
+    return a.astype(wide), b.astype(wide)
+
+
+def _integer(problem: MatmulProblem) -> bool:
+    return all(np.issubdtype(np.dtype(_np_name(d)), np.integer)
+               for d in (problem.lhs_dtype, problem.rhs_dtype))
+
+
+def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERENCE_MAX_MACS, seed: int = 0):
+    """The exact result of the problem, computed on the host: a float64 (int64 for
+    integers) numpy array for problems up to ``host_max_macs`` multiply-adds, else a
+    ``SampledReference`` (at most 4 x 64 x 64 entries). Accelerators pass
+    ``host_max_macs=0``: no device compile, a few milliseconds on the host.
     """
     macs = problem.batch * problem.m * problem.n * problem.k
-    integer = all(np.issubdtype(np.dtype(_np_name(d)), np.integer)
-                  for d in (problem.lhs_dtype, problem.rhs_dtype))
-    if macs <= host_max_macs or integer:
-        wide = np.int64 if integer else np.float64
-        a = as_numpy(lhs).astype(wide)
-        b = as_numpy(rhs).astype(wide)
-        if problem.transpose_a:
-            a = np.swapaxes(a, -1, -2)
-        if problem.transpose_b:
-            b = np.swapaxes(b, -1, -2)
+    if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
+        a, b = _wide_operands(problem, lhs, rhs)
         return np.matmul(a, b)
-    from jax_autotune.xla_dot import xla_dot
-
-    wide_problem = dataclasses.replace(problem, out_dtype="float32", precision=Precision.HIGHEST)
-    lowered = jax.jit(lambda a, b: xla_dot(a.astype(jnp.float32), b.astype(jnp.float32),
-                                           wide_problem)).lower(lhs, rhs)
-    try:
-        # the reference runs once: XLA's GEMM autotuning would cost more than it saves
-        compiled = lowered.compile(compiler_options={"xla_gpu_autotune_level": 0})
-    except Exception:  # noqa: BLE001 - option unknown to this backend: compile as usual
-        compiled = lowered.compile()
-    with DEVICE_LOCK.shared():
-        return jax.block_until_ready(compiled(lhs, rhs))
+    rng = np.random.default_rng(seed)
+    batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
+    rows, cols = _sample(problem.m, SAMPLE_SIZE, rng), _sample(problem.n, SAMPLE_SIZE, rng)
+    a, b = _wide_operands(problem, lhs, rhs, batches)
+    return SampledReference(batches, rows, cols, np.matmul(a[:, rows, :], b[:, :, cols]))
 
 
-def _device_errors(out, ref):
-    diff = out.astype(jnp.float32) - ref
-    return (jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(ref.ravel()),
-            jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+def _device_summary(out, trusted, batches, rows, cols):
+    """The sampled entries of ``out``, ||out - trusted||, ||trusted|| and whether all of
+    ``out`` is finite, computed where ``out`` lives."""
+    wide = out.astype(jnp.float32)
+    picked = wide[batches][:, rows][:, :, cols]
+    diff = wide - trusted.astype(jnp.float32)
+    return (picked, jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(trusted.astype(jnp.float32).ravel()),
+            jnp.all(jnp.isfinite(wide)))
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled_errors(out_shape: tuple, out_dtype: str, ref_shape: tuple, device):
+def _compiled_summary(shape: tuple, dtype: str, sample: tuple, device):
+    index = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in sample]
+    out = jax.ShapeDtypeStruct(shape, dtype)
     with jax.default_device(device):
-        return jax.jit(_device_errors).lower(
-            jax.ShapeDtypeStruct(out_shape, out_dtype),
-            jax.ShapeDtypeStruct(ref_shape, jnp.float32)).compile()
+        return jax.jit(_device_summary).lower(out, out, *index).compile()
 
 
-def prepare_check(problem: MatmulProblem, ref) -> None:
-    """Compile the device comparison of ``problem``'s outputs with ``ref`` ahead of the
-    first ``check`` (the tuner does it while the baseline compiles); no-op for host refs."""
-    if isinstance(ref, jax.Array):
-        _compiled_errors(tuple(ref.shape), problem.out_dtype, tuple(ref.shape), _device_of(ref))
+def _summary_for(ref: SampledReference, out):
+    return _compiled_summary(tuple(out.shape), str(out.dtype),
+                             (ref.batches.size, ref.rows.size, ref.cols.size), _device_of(out))
 
 
-def _device_of(x: jax.Array):
-    return next(iter(x.devices()))
+def prepare_check(problem: MatmulProblem, ref, device) -> None:
+    """Compile the comparison of ``problem``'s outputs on ``device`` ahead of the first
+    ``check`` (the tuner does it while XLA's dot compiles); nothing to do for full refs."""
+    if isinstance(ref, SampledReference):
+        _compiled_summary(problem.out_shape, problem.out_dtype,
+                          (ref.batches.size, ref.rows.size, ref.cols.size), device)
 
 
-def check(out, ref, problem: MatmulProblem, platform: str = "gpu") -> Check:
-    """Compare a candidate's output with the reference under the problem's tolerance
-    (on the device when the reference is a device array, else on the host)."""
+def _device_of(x):
+    return next(iter(x.devices())) if isinstance(x, jax.Array) else jax.devices("cpu")[0]
+
+
+def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None) -> Check:
+    """Compare a candidate's output with the reference under the problem's tolerance.
+
+    With a ``SampledReference``, the sampled entries are compared with the exact values
+    and, when ``trusted`` (an output that passed, XLA's dot's) is given, the whole output
+    with it; the error is the larger of the two. A full reference is compared whole.
+    """
     tol = tolerance(problem, platform)
-    if tuple(out.shape) != tuple(ref.shape):
+    expected_shape = problem.out_shape if isinstance(ref, SampledReference) else ref.shape
+    if tuple(out.shape) != tuple(expected_shape):
         return Check(False, float("inf"), tol)
-    if isinstance(ref, jax.Array):
-        errors = _compiled_errors(tuple(out.shape), str(out.dtype), tuple(ref.shape), _device_of(ref))
+    if isinstance(ref, SampledReference):
+        if not isinstance(out, jax.Array):
+            out = jnp.asarray(out)
+        summary = _summary_for(ref, out)
         with DEVICE_LOCK.shared():
-            values = jax.device_get(errors(out, ref))
-        diff, scale, finite = (float(x) if x.dtype != jnp.bool_ else bool(x) for x in values)
+            picked, diff, scale, finite = jax.device_get(summary(
+                out, out if trusted is None else trusted, ref.batches.astype(np.int32),
+                ref.rows.astype(np.int32), ref.cols.astype(np.int32)))
+        got, expected = np.asarray(picked, np.float64), ref.values
+        finite = bool(finite)
+        rel = _relative(float(np.linalg.norm((got - expected).ravel())),
+                        float(np.linalg.norm(expected.ravel().astype(np.float64))))
+        if trusted is not None:
+            rel = max(rel, _relative(float(diff), float(scale)))
     else:
         got = as_numpy(out).astype(ref.dtype)
         finite = not np.issubdtype(got.dtype, np.floating) or bool(np.all(np.isfinite(got)))
-        diff = float(np.linalg.norm((got - ref).ravel().astype(np.float64)))
-        scale = float(np.linalg.norm(ref.ravel().astype(np.float64)))
+        rel = _relative(float(np.linalg.norm((got - ref).ravel().astype(np.float64))),
+                        float(np.linalg.norm(ref.ravel().astype(np.float64))))
     if not finite:
         return Check(False, float("nan"), tol)
-    rel = diff / scale if scale > 0 else diff
     return Check(rel <= tol, rel, tol)
+
+
+def _relative(diff: float, scale: float) -> float:
+    return diff / scale if scale > 0 else diff

@@ -47,13 +47,14 @@ class Timer(Protocol):
 
 
 class DeviceLock:
-    """Keeps a device-time measurement alone on the device.
+    """Keeps every timing on the device alone there.
 
-    A CUPTI measurement records every kernel the process runs, and kernels running beside
-    it also slow it down. So a measurement holds the lock ``exclusive()``; everything else
-    that runs kernels while tuning (a reference, a correctness check, a compile of an XLA
-    dot, whose GEMM autotuner runs kernels) holds it ``shared()`` and may overlap the rest.
-    A waiting measurement goes before new shared holders.
+    Two things time kernels while tuning: a CUPTI measurement (which also records every
+    kernel the process runs meanwhile) and XLA's GEMM autotuner, which runs and times
+    candidate kernels while it compiles a dot. Each holds the lock ``exclusive()``, so
+    neither sees the other's kernels or shares the device with them. Anything else that
+    runs kernels (a reference, a correctness check, a warm-up run) holds it ``shared()``
+    and may overlap the rest. A waiting exclusive holder goes before new shared ones.
 
         >>> with DEVICE_LOCK.exclusive():
         ...     times = measure(compiled)(lhs, rhs)
@@ -105,7 +106,7 @@ def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple)
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
     lowered = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
-        with DEVICE_LOCK.shared():
+        with DEVICE_LOCK.exclusive():
             compiled = lowered.compile()
     else:
         compiled = lowered.compile()

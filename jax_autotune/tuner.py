@@ -231,7 +231,7 @@ class Tuner:
             with phases("reference"):
                 on_host = self.device.platform == "cpu"
                 ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
-                prepare_check(problem, ref)
+                prepare_check(problem, ref, self._jax_device())
             with phases("probes"):  # the wait for them, when they ran beside the reference
                 peaks = peaks_future.result() if peaks_future else self.probes.peaks_for(problem)
             bounds = roofline_bounds(problem, peaks, config.get("level"), rules)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_autotune import timing
-from jax_autotune.correctness import check, prepare_check, reference, tolerance
+from jax_autotune.correctness import SampledReference, check, prepare_check, reference, tolerance
 from jax_autotune.key import MatmulProblem, Precision
 from jax_autotune.timing import random_operands, runs_kernels_while_compiling
 from jax_autotune.xla_dot import xla_dot
@@ -25,7 +25,7 @@ def operands_and_output(problem):
 def test_the_host_and_device_references_agree_and_accept_a_correct_output(host_max_macs):
     lhs, rhs, out = operands_and_output(PROBLEM)
     ref = reference(PROBLEM, lhs, rhs, host_max_macs=host_max_macs)
-    assert isinstance(ref, np.ndarray) == (host_max_macs > 0)
+    assert isinstance(ref, SampledReference) == (host_max_macs == 0)
     verdict = check(out, ref, PROBLEM, platform="cpu")
     assert verdict.ok and verdict.rel_error < 1e-6
 
@@ -78,12 +78,35 @@ def test_only_modules_with_an_xla_dot_count_as_running_kernels_while_compiling()
     assert runs_kernels_while_compiling(dot) and not runs_kernels_while_compiling(scale)
 
 
+LARGE = MatmulProblem(6, 200, 150, 70, "float32", "float32", "float32", transpose_b=True)
+
+
+def test_a_sampled_reference_holds_exact_values_at_edge_and_random_entries():
+    lhs, rhs = random_operands(LARGE, jax.devices()[0], seed=4)
+    ref = reference(LARGE, lhs, rhs, host_max_macs=0)
+    full = reference(LARGE, lhs, rhs)  # float64 on the host, whole
+    assert ref.batches.size == 4 and ref.rows.size == ref.cols.size == 64
+    for index, size in ((ref.rows, 200), (ref.cols, 150)):
+        assert {0, 1, 2, 3, size - 4, size - 1} <= set(index.tolist())
+    assert np.array_equal(ref.values, full[np.ix_(ref.batches, ref.rows, ref.cols)])
+
+
+def test_an_error_off_the_sample_is_caught_by_the_trusted_output():
+    lhs, rhs, out = operands_and_output(LARGE)
+    ref = reference(LARGE, lhs, rhs, host_max_macs=0)
+    row = next(r for r in range(200) if r not in set(ref.rows.tolist()))
+    wrong = out.at[0, row, :].multiply(3.0)
+    assert check(wrong, ref, LARGE, platform="cpu").ok  # the sample alone cannot see it
+    caught = check(wrong, ref, LARGE, platform="cpu", trusted=out)
+    assert not caught.ok and caught.rel_error > 0.05
+    assert check(out, ref, LARGE, platform="cpu", trusted=out).ok
+
+
 def test_a_prepared_check_gives_the_same_verdict_as_a_fresh_one():
-    lhs, rhs = random_operands(PROBLEM, jax.devices()[0], seed=5)
-    ref = reference(PROBLEM, lhs, rhs, host_max_macs=0)
-    prepare_check(PROBLEM, ref)
-    out = xla_dot(lhs, rhs, PROBLEM)
-    good, bad = check(out, ref, PROBLEM), check(out * 1.01, ref, PROBLEM)
+    lhs, rhs, out = operands_and_output(LARGE)
+    ref = reference(LARGE, lhs, rhs, host_max_macs=0)
+    prepare_check(LARGE, ref, jax.devices()[0])
+    good, bad = check(out, ref, LARGE), check(out * 1.01, ref, LARGE)
     assert good.ok and not bad.ok and bad.rel_error == pytest.approx(0.01, rel=0.05)
 
 
