@@ -5,7 +5,8 @@
 Per shape of ../shared/baselines/h200.md, in bfloat16 and float32 (DEFAULT precision:
 TF32 for f32, as XLA does; torch is set to allow TF32 too):
 * XLA's dot and the tuned choice: CUPTI device time (median of 3 alternating rounds of
-  20 iterations each);
+  20 iterations each); XLA's dot compiled a second time, in the same rounds, shows how
+  much two compiles of the very same program differ ("XLA again");
 * torch.matmul: CUDA-event time from triton.testing.do_bench (median), when torch is there;
 * the cold tune of the key (wall time: compile + measure; the process's first key
   includes the probes) and its candidate compiles;
@@ -53,14 +54,14 @@ def device_us(fn, args) -> list[float]:
     return [t * 1e3 for t in times]
 
 
-def paired_device_us(first, second, args, rounds: int = ROUNDS) -> tuple[float, float]:
-    """Median device time of two functions measured in alternating rounds, so that clock
-    and temperature drift during the run weighs on both alike."""
-    samples: tuple[list[float], list[float]] = ([], [])
+def interleaved_device_us(fns, args, rounds: int = ROUNDS) -> list[float]:
+    """Median device time of each function, measured in alternating rounds so that clock
+    and temperature drift during the run weighs on all alike."""
+    samples: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
-        for fn, out in zip((first, second), samples):
+        for fn, out in zip(fns, samples):
             out.extend(device_us(fn, args))
-    return statistics.median(samples[0]), statistics.median(samples[1])
+    return [statistics.median(s) for s in samples]
 
 
 def torch_us(m, n, k, dtype):
@@ -106,6 +107,7 @@ def run_cold(args) -> list[dict]:
         after = counters.stats()
         winner = tuner.candidate(decision.winner)
         xla = jax.jit(lambda a, b: xla_dot(a, b, problem))
+        xla_again = jax.jit(lambda a, b: xla_dot(a, b, problem))  # a second compile of it
         tuned = jax.jit(lambda a, b: winner.fn(a, b, problem))
         row = {
             "dtype": dtype, "m": m, "n": n, "k": k, "winner": decision.winner,
@@ -118,7 +120,7 @@ def run_cold(args) -> list[dict]:
             "outcomes": {r.name: r.outcome for r in decision.results},
             "reason": decision.reason,
         }
-        row["xla_us"], row["tuned_us"] = paired_device_us(xla, tuned, operands)
+        row["xla_us"], row["tuned_us"], row["xla_again_us"] = interleaved_device_us((xla, tuned, xla_again), operands)
         row["speedup"] = row["xla_us"] / row["tuned_us"]
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "outcomes"}), flush=True)
@@ -148,14 +150,15 @@ def report(rows, warm, command) -> str:
     date = datetime.date.today().isoformat()
     lines = [f"# GPU suite on an H200, {date}", "", f"jax {jax.__version__}; command: `{command}`", "",
              "Device times in us (CUPTI for XLA and tuned, CUDA events for torch); speedup = XLA / tuned.",
-             "", "| dtype | m x n x k | floor | XLA | torch | tuned | speedup | winner | cold tune s | compiles | slowest compile s | warm first call s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| dtype | m x n x k | floor | XLA | XLA again | torch | tuned | speedup | winner | cold tune s | compiles | slowest compile s | warm first call s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = f"{r['dtype']} {r['m']}x{r['n']}x{r['k']}"
         t = f"{r['torch_us']:.1f}" if r["torch_us"] else "-"
         w = warm.get("first_call_s", {}).get(name)
         w = f"{w:.3f}" if w is not None else "-"
-        lines.append(f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['floor_us']:.1f} | {r['xla_us']:.1f} | "
+        again = f"{r['xla_again_us']:.1f}" if r.get("xla_again_us") else "-"
+        lines.append(f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['floor_us']:.1f} | {r['xla_us']:.1f} | {again} | "
                      f"{t} | {r['tuned_us']:.1f} | {r['speedup']:.2f} | {r['winner']} | "
                      f"{cold_cell(r)} | {r['compiles']} | {r['slowest_compile_s']:.2f} | {w} |")
     goal = [r["speedup"] for r in rows if (r["m"], r["n"], r["k"]) in GOAL_SHAPES]
@@ -163,6 +166,7 @@ def report(rows, warm, command) -> str:
     colds = [r["cold_tune_s"] for r in rows if r.get("source", "tuned") == "tuned"]
     lines += ["", "| goal | target | reached |", "|---|---|---|",
               f"| min speedup, every shape | >= 0.97 | {min(r['speedup'] for r in rows):.2f} |",
+              f"| XLA / XLA again (one program compiled twice), range | - | {spread(rows)} |",
               f"| geomean speedup, goal shapes | >= 1.5 | {geomean(goal):.2f} ({len(goal)} cases) |",
               f"| min speedup, large aligned bf16 | >= 0.97 | {min(large) if large else float('nan'):.2f} |",
               f"| median cold tune of a key | <= 1.0 s | {statistics.median(colds):.2f} s ({len(colds)} keys) |",
@@ -173,6 +177,11 @@ def report(rows, warm, command) -> str:
         medians = ", ".join(f"{name} {statistics.median(p.get(name, 0.0) for p in phases):.2f} s" for name in names)
         lines += ["", f"Median wall time of each phase of a cold tune ({len(phases)} tuned keys): {medians}."]
     return "\n".join(lines) + "\n"
+
+
+def spread(rows) -> str:
+    ratios = [r["xla_us"] / r["xla_again_us"] for r in rows if r.get("xla_again_us")]
+    return f"{min(ratios):.2f} to {max(ratios):.2f}" if ratios else "-"
 
 
 def cold_cell(row) -> str:

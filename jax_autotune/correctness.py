@@ -95,14 +95,17 @@ def _sample(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(np.r_[edges, middle])
 
 
-def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None):
-    """Host (batch, m, k) and (batch, k, n) copies in float64 (int64 for integers)."""
+def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, cols=None):
+    """Host (batch, m, k) and (batch, k, n) copies in float64 (int64 for integers), of
+    the given batches, lhs rows and rhs columns only when those are given."""
     wide = np.int64 if _integer(problem) else np.float64
     a, b = as_numpy(lhs), as_numpy(rhs)
     if batches is not None:
         a, b = a[batches], b[batches]
     a = np.swapaxes(a, -1, -2) if problem.transpose_a else a
     b = np.swapaxes(b, -1, -2) if problem.transpose_b else b
+    if rows is not None:
+        a, b = a[:, rows, :], b[:, :, cols]
     return a.astype(wide), b.astype(wide)
 
 
@@ -124,8 +127,8 @@ def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERE
     rng = np.random.default_rng(seed)
     batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
     rows, cols = _sample(problem.m, SAMPLE_SIZE, rng), _sample(problem.n, SAMPLE_SIZE, rng)
-    a, b = _wide_operands(problem, lhs, rhs, batches)
-    return SampledReference(batches, rows, cols, np.matmul(a[:, rows, :], b[:, :, cols]))
+    a, b = _wide_operands(problem, lhs, rhs, batches, rows, cols)
+    return SampledReference(batches, rows, cols, np.matmul(a, b))
 
 
 def _device_summary(out, trusted, batches, rows, cols):
