@@ -37,7 +37,6 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from jax_autotune.candidates import Candidate
 from jax_autotune.correctness import check
@@ -106,7 +105,7 @@ class CompileQueue:
 class KeyBenchmark:
     """Benchmarks candidates of one problem across rounds; keeps every result."""
 
-    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference: np.ndarray,
+    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference,
                  timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
                  clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
                  platform: str = "gpu", compiles: CompileQueue | None = None):

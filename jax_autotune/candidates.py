@@ -89,7 +89,7 @@ class CandidateSet:
 
     @property
     def fallback(self) -> Candidate:
-        """Candidate 0: XLA's dot, the fallback and the correctness reference."""
+        """Candidate 0: XLA's dot, the fallback, and what other outputs are compared with."""
         return self.candidates[0]
 
     def by_name(self, name: str) -> Candidate:

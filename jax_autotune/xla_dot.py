@@ -1,4 +1,4 @@
-"""XLA's own dot as a candidate: the fallback, the baseline and the correctness reference.
+"""XLA's own dot as a candidate: the fallback, the baseline, and what outputs are compared with.
 
     >>> from jax_autotune.xla_dot import XLA_DOT, xla_dot
     >>> out = xla_dot(lhs, rhs, problem)   # (batch, m, n) in problem.out_dtype

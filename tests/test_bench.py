@@ -204,3 +204,24 @@ def test_the_baseline_is_measured_once_across_rounds():
 def test_classify_error_spots_resource_exhaustion():
     assert classify_error(RuntimeError("RESOURCE_EXHAUSTED: out of memory"), "run") == "resource_exhausted"
     assert classify_error(ValueError("bad block shape"), "compile") == "compile_error"
+
+
+def test_a_candidate_wrong_off_the_sample_fails_against_xla_dots_whole_output():
+    import jax
+    from jax_autotune.candidates import Candidate
+    from jax_autotune.correctness import reference
+    from jax_autotune.timing import random_operands
+    from jax_autotune.xla_dot import xla_dot
+
+    problem = MatmulProblem(2, 200, 150, 70, "float32", "float32", "float32")
+    lhs, rhs = random_operands(problem, jax.devices()[0], seed=8)
+    ref = reference(problem, lhs, rhs, host_max_macs=0)  # sampled
+    row = next(r for r in range(200) if r not in set(ref.rows.tolist()))
+    off_sample = Candidate("off_sample", lambda a, b, p: xla_dot(a, b, p).at[:, row, :].multiply(3.0))
+    timer = FakeTimer({"xla_dot": [2.0], "off_sample": [1.0]}, real_outputs=True)
+    b = KeyBenchmark(problem, (lhs, rhs), ref, timer, limit=None, platform="cpu")
+    b.run_round(fake_candidate("xla_dot"), [off_sample])
+    b.close()
+    assert b.results["xla_dot"].outcome == "ok"
+    assert b.results["off_sample"].outcome == "wrong_result"
+    assert b.winner(baseline="xla_dot") == "xla_dot"
