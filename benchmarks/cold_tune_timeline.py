@@ -51,28 +51,24 @@ class TimelineTimer:
             self.events.append({"name": name, "stage": stage, "start": start - self.origin[0],
                                 "end": end - self.origin[0], "thread": threading.current_thread().name})
 
-    def prepare(self, candidate, problem, args):
+    def _recorded(self, name, stage, fn):
         start = time.perf_counter()
         try:
-            measurement = self.inner.prepare(candidate, problem, args)
+            return fn()
         finally:
-            self._event(candidate.name, "compile", start, time.perf_counter())
+            self._event(name, stage, start, time.perf_counter())
+
+    def prepare(self, candidate, problem, args):
+        name = candidate.name
+        measurement = self._recorded(name, "compile", lambda: self.inner.prepare(candidate, problem, args))
         timer = self
 
         class Recorded:
             def output(self):
-                s = time.perf_counter()
-                try:
-                    return measurement.output()
-                finally:
-                    timer._event(candidate.name, "first_run", s, time.perf_counter())
+                return timer._recorded(name, "first_run", measurement.output)
 
             def sample(self):
-                s = time.perf_counter()
-                try:
-                    return measurement.sample()
-                finally:
-                    timer._event(candidate.name, "sample", s, time.perf_counter())
+                return timer._recorded(name, "sample", measurement.sample)
 
         return Recorded()
 
