@@ -45,6 +45,7 @@ from jax_autotune.key import MatmulProblem
 from jax_autotune.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.timing import Measurement, Timer
 
+HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
                      "shared memory", "smem", "too many resources")
 
@@ -125,7 +126,7 @@ class KeyBenchmark:
     def compile_threads(timer: Timer, rules: TuningRules) -> int:
         """Threads for compiling: ``rules.compile_ahead`` with a device timer; with a host
         clock a whole round compiles at once, before any of it is timed."""
-        return rules.compile_ahead if getattr(timer, "measures_device_time", False) else 32
+        return rules.compile_ahead if getattr(timer, "measures_device_time", False) else HOST_COMPILE_THREADS
 
     # ---------------------------------------------------------------- public
     def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
