@@ -42,7 +42,7 @@ class TimelineTimer:
     def __init__(self, inner, origin: list[float]):
         self.inner, self.origin = inner, origin
         self.name = inner.name
-        self.measures_device_time = getattr(inner, "measures_device_time", False)
+        self.measures_device_time = inner.measures_device_time
         self.events: list[dict] = []
         self.lock = threading.Lock()
 

@@ -126,7 +126,7 @@ class KeyBenchmark:
     def compile_threads(timer: Timer, rules: TuningRules) -> int:
         """Threads for compiling: ``rules.compile_ahead`` with a device timer; with a host
         clock a whole round compiles at once, before any of it is timed."""
-        return rules.compile_ahead if getattr(timer, "measures_device_time", False) else HOST_COMPILE_THREADS
+        return rules.compile_ahead if timer.measures_device_time else HOST_COMPILE_THREADS
 
     # ---------------------------------------------------------------- public
     def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
@@ -145,7 +145,7 @@ class KeyBenchmark:
         fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
                        key=lambda c: self._order(c, baseline))
         stages = [fresh[:1], fresh[1:]] if fresh and fresh[0] is baseline else [fresh]
-        device_time = getattr(self.timer, "measures_device_time", False)
+        device_time = self.timer.measures_device_time
         for stage in stages:
             ahead = self.rules.compile_ahead if device_time else len(stage)
             self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)

@@ -41,6 +41,7 @@ class Measurement(Protocol):
 
 class Timer(Protocol):
     name: str
+    measures_device_time: bool  # True: host work (compiles in other threads) cannot skew it
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         """Compile ``candidate`` for ``args``; raises what the compiler raises."""

@@ -222,7 +222,7 @@ class Tuner:
         side = concurrent.futures.ThreadPoolExecutor(1)
         try:
             peaks_future = None
-            if getattr(self.timer, "measures_device_time", False):
+            if self.timer.measures_device_time:
                 # device time is not disturbed by host work: XLA's dot compiles and the
                 # probes run while the reference is computed (with a host clock, the probes
                 # must run alone)
