@@ -25,7 +25,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_autotune.key import MatmulProblem
 from jax_autotune.tuner import tuner_for
-from jax_autotune.xla_dot import dimension_numbers
+from jax_autotune.xla_dot import dimension_numbers, xla_dot
 
 matmul_p = Primitive("autotuned_matmul")
 
@@ -88,7 +88,6 @@ def _call_candidate(fn, lhs, rhs, *, problem):
 
 
 def _xla_lowering(ctx, lhs, rhs, *, problem, key):
-    from jax_autotune.xla_dot import xla_dot
     kernel = functools.partial(_call_candidate, xla_dot, problem=problem)
     return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
 
