@@ -92,9 +92,9 @@ def compile_all(candidates, problem, args, threads: int) -> float:
 def serial_costs(tuner, problem) -> dict:
     """Wall seconds of each step of a tune's set-up, one at a time (nothing overlaps)."""
     import jax
-    from jax_autotune import correctness
-    from jax_autotune.timing import random_operands
-    from jax_autotune.xla_dot import xla_dot
+    from jax_autotune.tuning import correctness
+    from jax_autotune.tuning.timing import random_operands
+    from jax_autotune.kernels.xla import xla_dot
 
     costs = {}
 
@@ -125,12 +125,12 @@ def main() -> None:
     os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="timeline_"))
 
     import jax
-    from jax_autotune.key import MatmulProblem
-    from jax_autotune.plan import make_plan
-    from jax_autotune.timing import random_operands
-    from jax_autotune.tuner import tuner_for
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuning.plan import make_plan
+    from jax_autotune.tuning.timing import random_operands
+    from jax_autotune.tuners import tuner_for
 
-    from jax_autotune.probes import Probes
+    from jax_autotune.tuning.probes import Probes
     probe_seconds: dict[str, float] = {}
     original_get = Probes.get
 

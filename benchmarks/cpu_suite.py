@@ -43,8 +43,8 @@ CHAIN = 200
 
 
 def _cpu_model() -> str:
-    from jax_autotune.tuner import _cpu_model
-    return _cpu_model()
+    from jax_autotune.tuning.device import cpu_model
+    return cpu_model()
 
 
 def _time_case(batch, m, n, k, dtype, chain, samples):
@@ -52,9 +52,9 @@ def _time_case(batch, m, n, k, dtype, chain, samples):
     import numpy as np
 
     import jax_autotune as jat
-    from jax_autotune.key import MatmulProblem
-    from jax_autotune.timing import compile_repeated, random_operands
-    from jax_autotune.xla_dot import xla_dot
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuning.timing import compile_repeated, random_operands
+    from jax_autotune.kernels.xla import xla_dot
 
     problem = MatmulProblem(batch, m, n, k, dtype, dtype, dtype)
     lhs, rhs = random_operands(problem, jax.devices("cpu")[0])

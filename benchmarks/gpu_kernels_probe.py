@@ -33,12 +33,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jax_autotune.candidates import DeviceInfo  # noqa: E402
-from jax_autotune.gpu import mosaic_kernels  # noqa: E402
-from jax_autotune.gpu.candidates import gpu_candidate_set  # noqa: E402
-from jax_autotune.key import MatmulProblem, Precision  # noqa: E402
-from jax_autotune.candidates import Candidate  # noqa: E402
-from jax_autotune.xla_dot import XLA_DOT_NAME, xla_dot  # noqa: E402
+from jax_autotune.tuning.device import DeviceInfo  # noqa: E402
+from jax_autotune.kernels.gpu import mosaic as mosaic_kernels  # noqa: E402
+from jax_autotune.kernels.gpu.candidates import gpu_candidate_set  # noqa: E402
+from jax_autotune.key import Precision  # noqa: E402
+from jax_autotune.problem import MatmulProblem  # noqa: E402
+from jax_autotune.tuning.candidates import Candidate  # noqa: E402
+from jax_autotune.kernels.xla import XLA_DOT_NAME, xla_dot  # noqa: E402
 
 SHAPES = [(768, 768, 768), (1000, 1000, 1000), (1025, 1025, 1025), (1024, 1024, 1024),
           (4096, 4096, 4096), (16, 8192, 8192), (128, 8192, 8192), (8192, 8192, 128),
@@ -119,7 +120,7 @@ def short(err: BaseException) -> str:
 def probe_case(problem: MatmulProblem, device, cset, seed: int, records: list, explore: bool,
                explore_groups=()):
     key = problem.key("balanced")
-    entries = [("B", "baseline", cset.fallback)] + [
+    entries = [("B", "baseline", cset.baseline)] + [
         e for e in plan_for(cset, device, key) if explore or e[0] == "R"]
     named = {e[2].name for e in entries}
     for m in cset.memberships:
@@ -204,10 +205,10 @@ def experiment_cases():
 
     Ordered by what is at stake, so a budget cut drops the least important cases.
     """
-    from jax_autotune.gpu.packed import packed_gemm
-    from jax_autotune.gpu.padded import padded
-    from jax_autotune.gpu.triton_kernels import GemmConfig, gemm
-    from jax_autotune.gpu.xla_variants import xla_split_k, xla_transposed
+    from jax_autotune.kernels.gpu.packed import packed_gemm
+    from jax_autotune.kernels.gpu.padded import padded
+    from jax_autotune.kernels.gpu.triton import GemmConfig, gemm
+    from jax_autotune.kernels.gpu.xla_variants import xla_split_k, xla_transposed
 
     def g(bm, bn, bk, w, s, sk=1):
         return GemmConfig(bm, bn, bk, 8, w, s, sk)
@@ -259,10 +260,10 @@ def experiment_cases():
 
 def experiment_cases_2():
     """Round 2: XLA-level variants (fast to compile) next to round 1's winners."""
-    from jax_autotune.gpu.packed import packed_gemm
-    from jax_autotune.gpu.padded import padded
-    from jax_autotune.gpu.triton_kernels import GemmConfig, gemm
-    from jax_autotune.gpu.xla_variants import xla_algorithm, xla_split_k, xla_transposed
+    from jax_autotune.kernels.gpu.packed import packed_gemm
+    from jax_autotune.kernels.gpu.padded import padded
+    from jax_autotune.kernels.gpu.triton import GemmConfig, gemm
+    from jax_autotune.kernels.gpu.xla_variants import xla_algorithm, xla_split_k, xla_transposed
 
     def P(m, n, k, dt, prec="DEFAULT"):
         return MatmulProblem(1, m, n, k, dt, dt, dt, precision=prec)

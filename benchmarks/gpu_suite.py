@@ -85,11 +85,11 @@ def cases(subset):
 def run_cold(args) -> list[dict]:
     import jax
     import jax_autotune as jat
-    from jax_autotune import counters
-    from jax_autotune.key import MatmulProblem
-    from jax_autotune.timing import random_operands
-    from jax_autotune.tuner import tuner_for
-    from jax_autotune.xla_dot import xla_dot
+    from jax_autotune.tuning import counters
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuning.timing import random_operands
+    from jax_autotune.tuners import tuner_for
+    from jax_autotune.kernels.xla import xla_dot
 
     tuner = tuner_for("gpu")
     device = jax.devices("gpu")[0]

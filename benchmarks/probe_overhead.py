@@ -18,8 +18,8 @@ import sys
 import jax
 from report import write_results
 
-from jax_autotune.probes import LAUNCH_MAX, LAUNCH_MAX_SECONDS, sample_launch_overhead
-from jax_autotune.tuner import tuner_for
+from jax_autotune.tuning.probes import LAUNCH_MAX, LAUNCH_MAX_SECONDS, sample_launch_overhead
+from jax_autotune.tuners import tuner_for
 
 
 def main() -> None:

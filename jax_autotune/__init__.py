@@ -3,22 +3,36 @@
     >>> import jax, jax_autotune as jat
     >>> jax.jit(jat.matmul)(x, w)                       # jnp.matmul semantics, tuned kernel
     >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
+
+Everything public is listed in ``__all__``; the subpackages (``tuning``, ``kernels``,
+``tables``, ``cli``) are internal. ``jax_autotune.checkpoint`` (orbax items) loads on
+first use, so orbax stays optional.
 """
 
 from jax_autotune import config
-from jax_autotune.api import dot_general, matmul
-from jax_autotune.decision import CandidateResult, Decision
-from jax_autotune.key import Kind, Layout, Level, MatmulKey, MatmulProblem, Precision, Scale, key_for
-from jax_autotune.counters import reset_stats, stats
-from jax_autotune.store import JaxAutotuneStoreWarning
-from jax_autotune.tune_table import TuneTable, TuneTableError, TuneTableWarning, load_table, table
-from jax_autotune.tuner import KeyNotTunedError
+from jax_autotune._version import __version__
+from jax_autotune.api import dot_general, key_for, matmul
+from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tables.install import load_table, table
+from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
+from jax_autotune.tuning.counters import reset_stats, stats
+from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.tuning.store import JaxAutotuneStoreWarning
+from jax_autotune.tuning.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
-    "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "__version__", "config",
-    "TuneTable", "TuneTableError", "TuneTableWarning", "WarmupReport", "dot_general", "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
+    "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
+    "TuneTableWarning", "WarmupReport", "__version__", "config", "dot_general",
+    "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
 ]
+
+
+def __getattr__(name: str):
+    # ``jat.checkpoint`` without importing orbax at ``import jax_autotune``
+    if name == "checkpoint":
+        import importlib
+        return importlib.import_module("jax_autotune.checkpoint")
+    raise AttributeError(f"module 'jax_autotune' has no attribute {name!r}")

@@ -1,6 +1,7 @@
-"""The user-facing matmuls: ``matmul`` (jnp.matmul semantics) and ``dot_general``
-(a drop-in for ``lax.dot_general``). Both canonicalise to (batch, m, k) x (batch, k, n)
-plus layout flags and bind the autotuned primitive.
+"""The user-facing calls: ``matmul`` (jnp.matmul semantics), ``dot_general`` (a drop-in
+for ``lax.dot_general``) and ``key_for`` (the tune key of a problem). The matmuls
+canonicalise to (batch, m, k) x (batch, k, n) plus layout flags and bind the autotuned
+primitive.
 
     >>> import jax, jax.numpy as jnp, jax_autotune as jat
     >>> x, w = jnp.ones((8, 32, 64)), jnp.ones((64, 16))
@@ -13,13 +14,15 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune.key import MatmulProblem, precision_name
+from jax_autotune import config
+from jax_autotune.key import Level, MatmulKey
+from jax_autotune.problem import MatmulProblem, precision_name, problem_for
 from jax_autotune.primitive import bind_matmul
 
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
@@ -151,3 +154,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
         tuple(rhs.shape[d] for d in rfree)
     return out.reshape(out_shape)
+
+
+def key_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: bool = False,
+            precision: Any = None, preferred_element_type: Any = None,
+            level: Level | str | None = None) -> MatmulKey:
+    """The tune key of ``lhs @ rhs``; operands are arrays or ShapeDtypeStructs as stored.
+
+    A ``transpose_b=True`` rhs is stored (n, k); a ``transpose_a=True`` lhs is stored (k, m).
+    ``level`` defaults to the configured one.
+
+    >>> import jax, jax_autotune as jat
+    >>> s = jax.ShapeDtypeStruct((768, 768), "float32")
+    >>> jat.key_for(s, s).m
+    1024
+    """
+    problem = problem_for(lhs, rhs, transpose_a=transpose_a, transpose_b=transpose_b,
+                          precision=precision, preferred_element_type=preferred_element_type)
+    return problem.key(config.get("level") if level is None else level)

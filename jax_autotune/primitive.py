@@ -23,9 +23,10 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_autotune.key import MatmulProblem
-from jax_autotune.tuner import tuner_for
-from jax_autotune.xla_dot import dimension_numbers, xla_dot
+from jax_autotune import config
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuners import tuner_for
+from jax_autotune.kernels.xla import dimension_numbers, xla_dot
 
 matmul_p = Primitive("autotuned_matmul")
 
@@ -39,7 +40,7 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem):
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
     lhs, rhs = _match_varying_axes(lhs, rhs)
-    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key())
+    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")))
 
 
 def _varying_axes(x) -> frozenset:

@@ -19,11 +19,13 @@ from typing import Any, Callable, Iterable, Iterator
 import jax
 import jax.numpy as jnp
 
-from jax_autotune.decision import Decision
-from jax_autotune.key import MatmulKey, MatmulProblem, problem_for
+from jax_autotune.tuning.decision import Decision
+from jax_autotune import config
+from jax_autotune.key import MatmulKey
+from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.primitive import matmul_p
-from jax_autotune.tuner import tuner_for
-from jax_autotune.xla_dot import XLA_DOT_NAME
+from jax_autotune.tuners import tuner_for
+from jax_autotune.kernels.xla import XLA_DOT_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +137,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     else:
         if example_args:
             raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
-        work = [(p, p.key()) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
+        level = config.get("level")
+        work = [(p, p.key(level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
     show = sys.stderr.isatty() if progress is None else progress

@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from jax_autotune import config, counters
-from jax_autotune.store import TuneStore
-from jax_autotune.tuner import reset_tuners
+from jax_autotune import config
+from jax_autotune.tuning import counters
+from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuners import reset_tuners
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_autotune.candidates import Candidate, CandidateSetBuilder, DeviceInfo
+from jax_autotune.tuning.candidates import Candidate, CandidateSetBuilder
+from jax_autotune.tuning.device import DeviceInfo
 
 REFERENCE = np.arange(1.0, 7.0).reshape(1, 2, 3)
 WRONG = REFERENCE + 1.0
@@ -85,7 +86,7 @@ class FakeTimer:
 
 
 def fake_candidate(name: str, cost: float | None = None, supported: bool = True, **params) -> Candidate:
-    from jax_autotune.xla_dot import xla_dot
+    from jax_autotune.kernels.xla import xla_dot
 
     return Candidate(name, xla_dot, params=params,
                      supports=lambda device, key: supported,

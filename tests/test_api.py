@@ -7,7 +7,8 @@ import pytest
 from jax import lax
 
 import jax_autotune as jat
-from jax_autotune import config, counters, primitive
+from jax_autotune import config, primitive
+from jax_autotune.tuning import counters
 from jax_autotune.key import Layout
 
 RNG = np.random.default_rng(20261129)

@@ -5,9 +5,9 @@ import math
 import pytest
 
 from fakes import REFERENCE, FakeClock, FakeTimer, fake_candidate
-from jax_autotune.bench import KeyBenchmark, classify_error
-from jax_autotune.key import MatmulProblem
-from jax_autotune.rules import TuningRules
+from jax_autotune.tuning.bench import KeyBenchmark, classify_error
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.rules import TuningRules
 
 PROBLEM = MatmulProblem(1, 2, 3, 4, "float32", "float32", "float32")
 BASE = fake_candidate("xla_dot")
@@ -208,10 +208,10 @@ def test_classify_error_spots_resource_exhaustion():
 
 def test_a_candidate_wrong_off_the_sample_fails_against_xla_dots_whole_output():
     import jax
-    from jax_autotune.candidates import Candidate
-    from jax_autotune.correctness import reference
-    from jax_autotune.timing import random_operands
-    from jax_autotune.xla_dot import xla_dot
+    from jax_autotune.tuning.candidates import Candidate
+    from jax_autotune.tuning.correctness import reference
+    from jax_autotune.tuning.timing import random_operands
+    from jax_autotune.kernels.xla import xla_dot
 
     problem = MatmulProblem(2, 200, 150, 70, "float32", "float32", "float32")
     lhs, rhs = random_operands(problem, jax.devices()[0], seed=8)

@@ -16,10 +16,11 @@ import pytest
 ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax_autotune as jat  # noqa: E402
-from jax_autotune import tuner as tuner_module  # noqa: E402
+from jax_autotune import tuners as tuner_module  # noqa: E402
 from jax_autotune.checkpoint import TUNE_TABLE_FILENAME, TuneTableRestore, TuneTableSave  # noqa: E402
-from jax_autotune.store import TuneStore  # noqa: E402
-from jax_autotune.tune_table import TuneTableError, table  # noqa: E402
+from jax_autotune.tuning.store import TuneStore  # noqa: E402
+from jax_autotune.tables.install import table  # noqa: E402
+from jax_autotune.tables.table_file import TuneTableError  # noqa: E402
 from test_table import PROBLEM_A, make_tuner, tuned_tuner  # noqa: E402,F401
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
@@ -110,7 +111,7 @@ def run_example(script, cwd, cache_dir, **env):
 
 def test_a_fresh_process_restores_the_checkpoint_and_tunes_nothing(tmp_path):
     assert callable(getattr(jat, "table", None)) and callable(getattr(jat, "load_table", None)), \
-        "export table and load_table from jax_autotune/__init__.py (from jax_autotune.tune_table)"
+        "export table and load_table from jax_autotune/__init__.py (from jax_autotune.tables.table_file)"
     files = doc_files()
     assert set(files) == {"model.py", "train_and_save.py", "serve.py"}
     for name, code in files.items():

@@ -6,10 +6,10 @@ import jax
 import pytest
 
 from jax_autotune import cli
-from jax_autotune import tuner as tuner_module
-from jax_autotune.cli_table import format_seconds
-from jax_autotune.store import open_store, throughput_namespace
-from jax_autotune.tune_table import key_id
+from jax_autotune import tuners as tuner_module
+from jax_autotune.cli.table import format_seconds
+from jax_autotune.tuning.store import open_store, throughput_namespace
+from jax_autotune.tables.summary import key_id
 from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters

@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_autotune import timing
-from jax_autotune.correctness import SampledReference, check, prepare_check, reference, tolerance
-from jax_autotune.key import MatmulProblem, Precision
-from jax_autotune.timing import random_operands, runs_kernels_while_compiling
-from jax_autotune.xla_dot import xla_dot
+from jax_autotune.tuning import timing
+from jax_autotune.tuning.correctness import SampledReference, check, prepare_check, reference, tolerance
+from jax_autotune.key import Precision
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.timing import random_operands, runs_kernels_while_compiling
+from jax_autotune.kernels.xla import xla_dot
 
 PROBLEM = MatmulProblem(3, 33, 17, 65, "float32", "float32", "float32", transpose_a=True)
 

@@ -4,11 +4,12 @@ import jax
 import numpy as np
 import pytest
 
-from jax_autotune import native
-from jax_autotune.candidates import DeviceInfo
-from jax_autotune.cpu_candidates import cpu_candidate_set, native_candidates
-from jax_autotune.key import Kind, MatmulProblem
-from jax_autotune.plan import DEMOTED, make_plan
+from jax_autotune.kernels.cpu import native
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.kernels.cpu.candidates import cpu_candidate_set, native_candidates
+from jax_autotune.key import Kind
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.plan import DEMOTED, make_plan
 
 HERE = DeviceInfo("cpu", "cpu", features=native.cpu_features())
 EVERY_ISA = DeviceInfo("cpu", "cpu", features=frozenset(
@@ -34,7 +35,7 @@ def candidate_set():
 
 
 def test_xla_dot_is_candidate_zero_and_names_are_unique(candidate_set):
-    assert candidate_set.fallback.name == "xla_dot"
+    assert candidate_set.baseline.name == "xla_dot"
     assert len(set(candidate_set.names())) == len(candidate_set.names())
 
 
@@ -130,7 +131,7 @@ def test_every_supported_candidate_computes_the_product(candidate_set):
         key = problem.key("balanced")
         lhs = rng.uniform(-1, 1, problem.lhs_shape).astype(np.float32)
         rhs = rng.uniform(-1, 1, problem.rhs_shape).astype(np.float32)
-        expected = np.asarray(candidate_set.fallback.fn(lhs, rhs, problem))
+        expected = np.asarray(candidate_set.baseline.fn(lhs, rhs, problem))
         for candidate in candidate_set.candidates[1:]:
             if candidate.supports(HERE, key):
                 out = jax.jit(lambda a, b: candidate.fn(a, b, problem))(lhs, rhs)

@@ -2,7 +2,7 @@
 
 import threading
 
-from jax_autotune.timing import DeviceLock
+from jax_autotune.tuning.timing import DeviceLock
 
 
 def hold(lock_context, entered: threading.Event, release: threading.Event):

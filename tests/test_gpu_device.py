@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_autotune.candidates import DeviceInfo
-from jax_autotune.gpu.candidates import gpu_candidate_set
-from jax_autotune.key import MatmulProblem, Precision
-from jax_autotune.xla_dot import xla_dot
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+from jax_autotune.key import Precision
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.kernels.xla import xla_dot
 
 pytestmark = pytest.mark.gpu
 

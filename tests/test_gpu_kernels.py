@@ -8,15 +8,16 @@ TF32 path are only exercised on the device (tests/test_gpu_device.py).
 import numpy as np
 import pytest
 
-from jax_autotune.candidates import DeviceInfo
-from jax_autotune.gpu import mosaic_kernels
-from jax_autotune.gpu.candidates import gpu_candidate_set
-from jax_autotune.gpu.packed import packed_gemm, packed_operands, packing_bytes
-from jax_autotune.gpu.padded import padded
-from jax_autotune.gpu.xla_variants import xla_split_k, xla_transposed
-from jax_autotune.gpu.triton_kernels import GemmConfig, VectorConfig, gemm, grouped_tile, vector_matmul
-from jax_autotune.key import Kind, MatmulProblem
-from jax_autotune.xla_dot import XLA_DOT_NAME, xla_dot
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.kernels.gpu import mosaic as mosaic_kernels
+from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+from jax_autotune.kernels.gpu.packed import packed_gemm, packed_operands, packing_bytes
+from jax_autotune.kernels.gpu.padded import padded
+from jax_autotune.kernels.gpu.xla_variants import xla_split_k, xla_transposed
+from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, grouped_tile, vector_matmul
+from jax_autotune.key import Kind
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.kernels.xla import XLA_DOT_NAME, xla_dot
 
 H200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0), frozenset())
 A100 = DeviceInfo("gpu", "NVIDIA A100-SXM4-80GB", 80 * 2**30, (8, 0), frozenset())
@@ -198,7 +199,7 @@ def key_of(m, n, k, dtype="bfloat16", **kw):
 
 def test_xla_dot_is_candidate_zero_and_names_are_unique():
     cset = gpu_candidate_set(H200)
-    assert cset.fallback.name == XLA_DOT_NAME
+    assert cset.baseline.name == XLA_DOT_NAME
     assert len(set(cset.names())) == len(cset.names())
     assert all(m.candidate != XLA_DOT_NAME for m in cset.memberships)
     for c in cset.candidates[1:]:

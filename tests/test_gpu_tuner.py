@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jax_autotune as jat
-from jax_autotune.timing import DeviceTimer
-from jax_autotune.tuner import tuner_for
+from jax_autotune.tuning.timing import DeviceTimer
+from jax_autotune.tuners import tuner_for
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(7)

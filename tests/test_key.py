@@ -6,9 +6,10 @@ import jax
 import pytest
 
 from jax_autotune.cli import main as cli_main
-from jax_autotune.cli_keys import key_table, parse_shape
-from jax_autotune.key import (Kind, Layout, Level, MatmulKey, MatmulProblem, Precision, Scale, anchor,
-                              key_for, layout_from_strides, stride_factor)
+from jax_autotune.cli.keys import key_table, parse_shape
+from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale, anchor, layout_from_strides, stride_factor
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.api import key_for
 
 
 def square(n, dtype="float32", transpose_b=False, level="balanced"):

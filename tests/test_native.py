@@ -14,8 +14,9 @@ import jaxlib
 import numpy as np
 import pytest
 
-from jax_autotune import _native, native
-from jax_autotune.key import MatmulProblem
+from jax_autotune import _native
+from jax_autotune.kernels.cpu import native
+from jax_autotune.problem import MatmulProblem
 
 TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
 DTYPES = ["float32", "float64"]
@@ -182,8 +183,8 @@ def _run_python(body: str, isa_override: str = "") -> str:
 def test_the_isa_override_runs_the_portable_kernels_correctly():
     out = _run_python(isa_override="portable", body="""
         import jax, numpy as np
-        from jax_autotune import native
-        from jax_autotune.key import MatmulProblem
+        from jax_autotune.kernels.cpu import native
+        from jax_autotune.problem import MatmulProblem
         assert native.isa() == "portable", native.isa()
         assert native.cpu_features() == frozenset()
         rng = np.random.default_rng(7)
@@ -211,7 +212,7 @@ def test_the_isa_override_runs_the_portable_kernels_correctly():
 
 def test_an_isa_the_cpu_lacks_falls_back_to_the_best_and_says_so():
     out = _run_python(isa_override="avx512", body="""
-        from jax_autotune import native
+        from jax_autotune.kernels.cpu import native
         print(native.isa(), native.best_isa(), repr(native.isa_note()))
     """)
     effective, best, note = out.split(maxsplit=2)
@@ -277,8 +278,8 @@ def test_without_a_blas_library_the_blas_target_fails_cleanly():
         import sys
         sys.modules["scipy_openblas32"] = None  # not importable, whatever is installed
         import jax, numpy as np
-        from jax_autotune import native
-        from jax_autotune.key import MatmulProblem
+        from jax_autotune.kernels.cpu import native
+        from jax_autotune.problem import MatmulProblem
         assert not native.blas_available() and "not importable" in native.blas_error()
         p = MatmulProblem(1, 4, 4, 4, "float32", "float32", "float32")
         x = np.ones(p.lhs_shape, np.float32)

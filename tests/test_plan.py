@@ -4,9 +4,9 @@ import jax
 import pytest
 
 from fakes import CPU, candidate_set, fake_candidate
-from jax_autotune.candidates import CandidateSetBuilder
-from jax_autotune.key import key_for
-from jax_autotune.plan import DEMOTED, make_plan
+from jax_autotune.tuning.candidates import CandidateSetBuilder
+from jax_autotune.api import key_for
+from jax_autotune.tuning.plan import DEMOTED, make_plan
 
 KEY = key_for(jax.ShapeDtypeStruct((64, 64), "float32"), jax.ShapeDtypeStruct((64, 64), "float32"))
 

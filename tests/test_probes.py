@@ -4,8 +4,8 @@ import jax
 import pytest
 
 from fakes import CPU, FakeClock
-from jax_autotune import probes
-from jax_autotune.probes import (LAUNCH_MAX, LAUNCH_MIN_SAMPLES, LAUNCH_WARMUP_SAMPLES, ProbeResult,
+from jax_autotune.tuning import probes
+from jax_autotune.tuning.probes import (LAUNCH_MAX, LAUNCH_MIN_SAMPLES, LAUNCH_WARMUP_SAMPLES, ProbeResult,
                                  Probes, sample_launch_overhead, sample_peak)
 
 
@@ -79,7 +79,7 @@ def test_probe_results_are_cached_in_memory_and_in_the_store(store):
 
 
 def test_cpu_probes_measure_the_fma_peak_and_copy_bandwidth_natively(store):
-    native = pytest.importorskip("jax_autotune.native")
+    native = pytest.importorskip("jax_autotune.kernels.cpu.native")
     cpu = Probes(CPU, jax.devices("cpu")[0], timer=None, store=store, native=native)
     compute = cpu._probe_compute("float32", "DEFAULT")
     bandwidth = cpu._probe_bandwidth(1 << 20)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jax_autotune import config
-from jax_autotune.store import (JaxAutotuneStoreWarning, StoreEntry, TuneStore,
+from jax_autotune.tuning.store import (JaxAutotuneStoreWarning, StoreEntry, TuneStore,
                                 decision_namespace, open_store, throughput_namespace)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,7 +206,7 @@ def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, 
 
 _WRITER = textwrap.dedent("""
     import sys, time, os
-    from jax_autotune.store import TuneStore
+    from jax_autotune.tuning.store import TuneStore
     path, worker, go = sys.argv[1], sys.argv[2], sys.argv[3]
     deadline = time.time() + 10
     while not os.path.exists(go) and time.time() < deadline:

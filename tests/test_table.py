@@ -11,16 +11,18 @@ import jax
 import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
-from jax_autotune import counters
-from jax_autotune import tuner as tuner_module
-from jax_autotune.candidates import DeviceInfo
-from jax_autotune.decision import Decision
-from jax_autotune.key import MatmulProblem
-from jax_autotune.roofline import Peaks
-from jax_autotune.store import TuneStore, decision_namespace
-from jax_autotune.tune_table import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
-                                   TuneTableWarning, current_tuners, load_table, table)
-from jax_autotune.tuner import Tuner
+from jax_autotune.tuning import counters
+from jax_autotune import tuners as tuner_module
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.decision import Decision
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.roofline import Peaks
+from jax_autotune.tuning.store import TuneStore, decision_namespace
+from jax_autotune.tables.install import load_table, read_table, table
+from jax_autotune.tables.table_file import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
+                                            TuneTableWarning)
+from jax_autotune.tuners import current_tuners
+from jax_autotune.tuning.tuner import Tuner
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
@@ -75,7 +77,7 @@ def write_json(path, data):
 def load_quietly(path, tuners):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loaded = TuneTable.load(path, tuners=tuners)
+        loaded = read_table(path, tuners=tuners)
     return loaded, [w for w in caught if issubclass(w.category, TuneTableWarning)]
 
 
@@ -127,14 +129,14 @@ def test_save_then_load_round_trips_the_table(store, tmp_path):
     assert set(data) == {"schema", "schema_version", "jax_autotune_version", "jax_version",
                          "created", "devices"}
     assert set(data["devices"][CPU.fingerprint]) == {"checksum", "candidates", "entries"}
-    assert TuneTable.load(path, tuners=[tuner]) == t
+    assert read_table(path, tuners=[tuner]) == t
 
 
 def test_text_that_is_not_json_is_a_tune_table_error(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"schema": "jax_autotune.tune_table", ')
     with pytest.raises(TuneTableError, match="not a JSON tune table"):
-        TuneTable.load(path, tuners=[])
+        read_table(path, tuners=[])
 
 
 def test_a_pickle_is_never_unpickled(tmp_path):
@@ -145,7 +147,7 @@ def test_a_pickle_is_never_unpickled(tmp_path):
     path = tmp_path / "table.pkl"
     path.write_bytes(pickle.dumps(Boom()))
     with pytest.raises(TuneTableError):
-        TuneTable.load(path, tuners=[])
+        read_table(path, tuners=[])
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -157,7 +159,7 @@ def test_an_unknown_schema_or_version_is_refused(store, tmp_path, field, value, 
     data = table(tuners=[tuned_tuner(store)]).to_json()
     data[field] = value
     with pytest.raises(TuneTableError, match=message):
-        TuneTable.load(write_json(tmp_path / "t.json", data), tuners=[])
+        read_table(write_json(tmp_path / "t.json", data), tuners=[])
 
 
 def _set(path_in_entry, value):
@@ -188,7 +190,7 @@ def test_a_field_of_the_wrong_type_is_an_error_naming_the_field(store, tmp_path,
     data = table(tuners=[tuned_tuner(store)]).to_json()
     mutate(data)
     with pytest.raises(TuneTableError) as info:
-        TuneTable.load(write_json(tmp_path / "t.json", data), tuners=[])
+        read_table(write_json(tmp_path / "t.json", data), tuners=[])
     assert field in str(info.value)
     assert "t.json" in str(info.value)
 

@@ -6,11 +6,12 @@ import jax
 import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
-from jax_autotune import config, counters
-from jax_autotune.key import MatmulProblem
-from jax_autotune.roofline import Peaks
-from jax_autotune.store import TuneStore
-from jax_autotune.tuner import KeyNotTunedError, Tuner
+from jax_autotune import config
+from jax_autotune.tuning import counters
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.roofline import Peaks
+from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.tuner import KeyNotTunedError, Tuner
 
 PROBLEM = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
 
@@ -178,7 +179,7 @@ def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
 
 
 def test_tuner_for_follows_a_changed_cache_dir_without_a_reset(tmp_path):
-    from jax_autotune.tuner import reset_tuners, tuner_for
+    from jax_autotune.tuners import reset_tuners, tuner_for
     reset_tuners()
     config.update("cache_dir", str(tmp_path / "first"))
     tuner = tuner_for("cpu")

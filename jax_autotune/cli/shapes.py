@@ -1,0 +1,139 @@
+"""``jax-autotune shapes``: the reference's cold/warm experiment, on this machine.
+
+    $ jax-autotune shapes 1024 768 1000 2048 [--dtype float32] [--cache-dir DIR]
+
+Runs the shapes in two fresh processes sharing one cache directory (emptied first):
+process 1 starts cold, process 2 warm. Per shape: the first call (random operands
+synced first; the time covers trace, tuning, compile and run), the next 20 calls' min
+and median, and the counters of that first call: keys tuned, candidate runs, probe
+launches and XLA compiles (every backend compile, candidates' included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from jax_autotune.cli.keys import parse_shape
+
+NEXT_CALLS = 20
+
+
+def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
+    """One process's measurements (runs in the child)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_autotune as jat
+
+    compiles = [0]
+
+    def count(event, *args, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    rng = np.random.default_rng(0)
+    rows = []
+    for text in shapes:
+        batch, m, n, k, transpose_b = parse_shape(text)
+        lead = (batch,) if batch > 1 else ()
+        a = jnp.asarray(rng.standard_normal((*lead, m, k)), dtype)
+        b = jnp.asarray(rng.standard_normal((*lead, n, k) if transpose_b else (*lead, k, n)), dtype)
+        jax.block_until_ready((a, b))
+        if transpose_b:
+            f = jax.jit(lambda x, y: jat.dot_general(x, y, (((x.ndim - 1,), (y.ndim - 1,)),
+                                                            (tuple(range(x.ndim - 2)),) * 2)))
+        else:
+            f = jax.jit(jat.matmul)
+        before, compiles_before = jat.stats(), compiles[0]
+        start = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        first = time.perf_counter() - start
+        after, compiles_after = jat.stats(), compiles[0]
+        times = []
+        for _ in range(NEXT_CALLS):
+            start = time.perf_counter()
+            jax.block_until_ready(f(a, b))
+            times.append(time.perf_counter() - start)
+        rows.append({
+            "shape": text, "first_s": first, "min_s": min(times), "median_s": statistics.median(times),
+            "tuned": after["tuned"] - before["tuned"],
+            "candidate_runs": after["candidate_runs"] - before["candidate_runs"],
+            "probe_launches": after["probe_launches"] - before["probe_launches"],
+            "compiles": compiles_after - compiles_before,
+            "store_hits": after["store_hits"] - before["store_hits"],
+            "memory_hits": after["memory_hits"] - before["memory_hits"],
+        })
+    return rows
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}s" if value >= 1 else f"{value * 1e3:.3f}ms"
+
+
+def format_rows(title: str, rows: list[dict]) -> list[str]:
+    lines = [f"## {title}"]
+    for row in rows:
+        text = row["shape"]
+        label = f"{text}x{text}" if text.isdigit() else text  # squares as the reference prints them
+        lines.append(f"{label:>10} first: {_seconds(row['first_s']):>10}  tuned={row['tuned']} "
+                     f"candidate_runs={row['candidate_runs']} probe_launches={row['probe_launches']} "
+                     f"compiles={row['compiles']} store_hits={row['store_hits']}")
+        lines.append(f"{label:>10} next {NEXT_CALLS}: min {_seconds(row['min_s'])} "
+                     f"median {_seconds(row['median_s'])}")
+    return lines
+
+
+def run_experiment(shapes: list[str], dtype: str, cache_dir: str) -> dict[str, list[dict]]:
+    """Empty ``cache_dir``, then run the shapes cold and warm in two fresh processes."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir, exist_ok=True)
+    env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=cache_dir, JAX_AUTOTUNE_CACHE="1",
+               JAX_AUTOTUNE_MODE="tune")
+    results = {}
+    for name in ("cold", "warm"):
+        completed = subprocess.run(
+            [sys.executable, "-P", "-m", "jax_autotune", "shapes", "--child", "--dtype", dtype, *shapes],
+            env=env, capture_output=True, text=True, check=False)
+        if completed.returncode != 0:
+            raise RuntimeError(f"the {name} process failed:\n{completed.stderr[-4000:]}")
+        results[name] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return results
+
+
+def run(args) -> int:
+    for text in args.shapes:
+        parse_shape(text)  # a bad shape fails here, with its text
+    if args.child:
+        print(json.dumps(_measure_child(args.shapes, args.dtype)))
+        return 0
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jax_autotune_shapes_")
+    results = run_experiment(args.shapes, args.dtype, cache_dir)
+    lines = (format_rows("process 1: cold cache", results["cold"])
+             + format_rows("process 2: warm cache", results["warm"]))
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"dtype": args.dtype, "cache_dir": cache_dir, **results}, f, indent=2)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("shapes", help="the reference's cold/warm experiment",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("shapes", nargs="+", help="S, MxNxK or BxMxNxK (T: rhs transposed)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache directory to use (emptied first; default: a new temp dir)")
+    parser.add_argument("--json", default=None, help="also write the measurements to this file")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)

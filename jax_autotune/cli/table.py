@@ -1,0 +1,207 @@
+"""``jax-autotune show | explain | export | import | clear``: inspect and move tune tables.
+
+    $ jax-autotune show [--device FP] [--key SUBSTR]   # one line per decision
+    $ jax-autotune explain KEY                         # every candidate of one decision
+    $ jax-autotune export tune_table.json
+    $ jax-autotune import tune_table.json
+    $ jax-autotune clear [--device FP]                 # decisions only; probes stay
+
+KEY is an id or a compact key as ``show`` prints them, a canonical key string, or a
+unique substring of one. The
+commands read this process's tuners and the configured store (``JAX_AUTOTUNE_CACHE_DIR``,
+``JAX_AUTOTUNE_ENVIRONMENT``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+from jax_autotune.tables.install import clear_decisions, install_table, read_table, table
+from jax_autotune.tables.summary import SummaryRow, key_id
+from jax_autotune.tables.table_file import TuneTable, TuneTableError
+from jax_autotune.tuners import current_tuners
+from jax_autotune.tuning.decision import Decision
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``1.5e-05`` -> ``'15.0us'``, ``2.5`` -> ``'2.50s'``; None -> ``'-'``."""
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.2f}{unit}" if unit == "s" else f"{seconds / scale:.1f}{unit}"
+    return f"{seconds * 1e9:.0f}ns"
+
+
+def _ratio(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+
+
+def _outcomes(counts: dict[str, int]) -> str:
+    return " ".join(f"{name}={n}" for name, n in counts.items()) or "-"
+
+
+SHOW_COLUMNS = ("id", "key", "winner", "time", "xla_dot", "speedup", "roofline", "samples",
+                "outcomes")
+
+
+def show_lines(rows: list[SummaryRow]) -> list[str]:
+    """The text table ``jax-autotune show`` prints, one block per device.
+
+    ``roofline`` is the roofline limit (or floor) over the winner's time: >= 1.00x means
+    inside the limit; ``samples`` counts the winner's kept timings.
+    """
+    if not rows:
+        return ["no tuned decisions (tune with jax_autotune.warmup or import a table)"]
+    lines: list[str] = []
+    for device in dict.fromkeys(row.device for row in rows):
+        cells = [SHOW_COLUMNS] + [
+            (row.key_id, row.shape, row.winner, format_seconds(row.winner_seconds),
+             format_seconds(row.xla_seconds), _ratio(row.speedup), _ratio(row.roofline_fraction),
+             str(row.samples), _outcomes(row.outcomes))
+            for row in rows if row.device == device]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(SHOW_COLUMNS))]
+        if lines:
+            lines.append("")
+        lines.append(f"device {device}: {len(cells) - 1} decisions")
+        for line in cells:
+            lines.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    return lines
+
+
+def explain_lines(device: str, decision: Decision) -> list[str]:
+    """Everything recorded about one decision: the key, the bounds and every candidate."""
+    when = datetime.datetime.fromtimestamp(decision.timestamp, datetime.timezone.utc)
+    lines = [
+        f"device     {device}",
+        f"key        {decision.key.canonical()}",
+        f"id         {key_id(decision.key)}",
+        f"problem    batch={decision.problem.batch} m={decision.problem.m} n={decision.problem.n} "
+        f"k={decision.problem.k} {decision.problem.lhs_dtype} x {decision.problem.rhs_dtype} -> "
+        f"{decision.problem.out_dtype} transpose_a={decision.problem.transpose_a} "
+        f"transpose_b={decision.problem.transpose_b}",
+        f"winner     {decision.winner} ({format_seconds(decision.winner_seconds)})",
+        f"source     {decision.source}, tuned {when:%Y-%m-%d %H:%M:%S} UTC in "
+        f"{decision.tuning_seconds:.3f}s, candidate set {decision.checksum}",
+        f"limit      {format_seconds(decision.limit)}",
+    ]
+    if decision.bounds:
+        b = decision.bounds
+        lines.append(f"bounds     compute {format_seconds(b.get('compute_seconds'))}, memory "
+                     f"{format_seconds(b.get('memory_seconds'))}, threshold {b.get('threshold')}, "
+                     f"launch {format_seconds(b.get('launch_overhead'))}")
+    if decision.reason:
+        lines.append(f"reason     {decision.reason}")
+    header = ("", "candidate", "outcome", "round", "samples", "score", "pruned", "rel_error", "error")
+    cells = [header]
+    for r in sorted(decision.results, key=lambda r: (r.score is None, r.score or 0.0, r.name)):
+        cells.append(("*" if r.name == decision.winner else "", r.name, r.outcome, r.round or "-",
+                      str(len(r.samples)), format_seconds(r.score), "yes" if r.pruned else "no",
+                      "-" if r.rel_error is None else f"{r.rel_error:.2e}",
+                      r.error.replace("\n", " ")[:120] or "-"))
+    if len(cells) == 1:
+        lines.append("candidates none recorded (no benchmark ran for this key)")
+        return lines
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    lines.append("")
+    for line in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    return lines
+
+
+# ---------------------------------------------------------------- commands
+
+def _error(message: str) -> int:
+    print(f"jax-autotune: {message}", file=sys.stderr)
+    return 2
+
+
+def _current_table() -> TuneTable:
+    return table(tuners=current_tuners())
+
+
+def run_show(args) -> int:
+    rows = _current_table().summary_rows(device=args.device, key=args.key)
+    for line in show_lines(rows):
+        print(line)
+    return 0
+
+
+def run_explain(args) -> int:
+    found = _current_table().find(args.key, device=args.device)
+    if not found:
+        return _error(f"explain: no decision matches key {args.key!r} "
+                      f"(see `jax-autotune show` for ids and keys)")
+    if len({d.key for _, d in found}) > 1:
+        listed = "\n  ".join(f"{key_id(d.key)}  {d.key.canonical()}" for _, d in found[:10])
+        return _error(f"explain: key {args.key!r} matches {len(found)} decisions; give an id or a "
+                      f"longer substring:\n  {listed}")
+    for i, (device, decision) in enumerate(found):
+        if i:
+            print()
+        for line in explain_lines(device, decision):
+            print(line)
+    return 0
+
+
+def run_export(args) -> int:
+    exported = _current_table()
+    try:
+        path = exported.save(args.path)
+    except OSError as err:
+        return _error(f"export: cannot write {args.path}: {err}")
+    print(f"exported {len(exported)} decisions of {len(exported.devices)} device(s) to {path}")
+    return 0
+
+
+def run_import(args) -> int:
+    tuners = current_tuners()
+    try:
+        imported = read_table(args.path, tuners=tuners)
+    except (OSError, TuneTableError) as err:
+        return _error(f"import: {err}")
+    installed = install_table(imported, tuners=tuners)
+    for device, section in imported.devices.items():
+        if device in installed:
+            print(f"installed {installed[device]} decisions for {device}")
+        else:
+            print(f"kept {len(section.entries)} decisions for {device} (not this device: "
+                  f"not installed)")
+    return 0
+
+
+def run_clear(args) -> int:
+    deleted = clear_decisions(args.device)
+    what = f"of {args.device}" if args.device else "of every device"
+    print(f"deleted {deleted} stored decisions {what} (throughput probes kept)")
+    return 0
+
+
+def register(subparsers) -> None:
+    show = subparsers.add_parser("show", help="list tuned decisions",
+                                 description="One line per decision: winner, its time, XLA's "
+                                             "time, speedup, roofline fraction, samples, outcomes.")
+    show.add_argument("--device", default=None, help="only this device fingerprint")
+    show.add_argument("--key", default=None, help="only keys containing this text (or this id)")
+    show.set_defaults(func=run_show)
+
+    explain = subparsers.add_parser("explain", help="every candidate of one decision")
+    explain.add_argument("key", help="an id or key from `show`, a canonical key, or a unique "
+                                              "substring of one")
+    explain.add_argument("--device", default=None, help="only this device fingerprint")
+    explain.set_defaults(func=run_explain)
+
+    export = subparsers.add_parser("export", help="write the tune table to a JSON file")
+    export.add_argument("path", help="output file, e.g. tune_table.json")
+    export.set_defaults(func=run_export)
+
+    imported = subparsers.add_parser("import", help="load a JSON tune table into the store")
+    imported.add_argument("path", help="a file written by `export` or TuneTable.save")
+    imported.set_defaults(func=run_import)
+
+    clear = subparsers.add_parser("clear", help="delete stored decisions (probes stay)")
+    clear.add_argument("--device", default=None, help="only this device fingerprint")
+    clear.set_defaults(func=run_clear)

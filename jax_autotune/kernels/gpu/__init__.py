@@ -1,0 +1,12 @@
+"""GPU kernels for the tuner: Pallas Triton and Mosaic GPU (Hopper) matmul families.
+
+    >>> from jax_autotune.kernels.gpu import gpu_candidate_set
+    >>> candidate_set = gpu_candidate_set(device_info)   # XLA's dot first, then kernels
+"""
+
+from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
+from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, vector_matmul
+
+__all__ = ["gpu_candidate_set", "GemmConfig", "VectorConfig", "MosaicConfig", "gemm",
+           "vector_matmul", "mosaic_matmul"]

@@ -1,0 +1,419 @@
+"""The GPU candidate set: XLA's dot, Mosaic GPU wgmma and Pallas Triton kernels.
+
+    >>> from jax_autotune.tuning.device import DeviceInfo
+    >>> h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
+    >>> candidate_set = gpu_candidate_set(h200)
+    >>> candidate_set.baseline.name
+    'xla_dot'
+
+A key is tuned with ONE round in practice: XLA's dot joins every round and is always
+valid, so the first group whose priority is >= 0 decides, and only the candidates of
+its top in-group tier run (1-5 of them, next to XLA's dot). The predicates below are on
+the key's bucketed sizes; "narrow" is min(m, n); "half" is bf16/f16, "tf32" is f32 at
+Precision.DEFAULT.
+
+| group        | group priority                                              | top tier (in-group 2; the rest are 1)          |
+|--------------|-------------------------------------------------------------|------------------------------------------------|
+| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot on operands zero-padded to 8; half:  |
+|              | (stride factor < 4: k = 1025 and the like)                  | + 2 packed Triton GEMMs (k padded to block_k,  |
+|              |                                                             | n to 16 B, output stored unpadded)             |
+| skinny_gemv  | 6 if m == 1 or n == 1 (MatVec, VecMat, ...) or narrow <= 64 | vector kernels when m or n is 1; else skinny   |
+|              |                                                             | GEMMs whose narrow block (16, 32, 64) matches  |
+|              |                                                             | the narrow side (4: plain, split-K, bk 256)    |
+| split_k      | 5 if General, m*n <= 2**21 and k >= 2048                    | XLA's dot of the transposed problem (every     |
+|              |                                                             | dtype); half: + 3 split-K Triton GEMMs         |
+| accelerated  | 4 if the device is sm_90+, bf16/f16 in = out, batch 1, no   | Mosaic wgmma configs + the best large Triton   |
+|              | transposes, m, n >= 1024, scale Large, n % 256 == 0 and     | GEMM                                           |
+|              | k % 64 == 0 by the stride factors                           |                                                |
+| triton_gemm  | 3 for every other key with m, n, k > 1                      | half: the profile's GEMMs, medium (m*n <=      |
+|              |                                                             | 2**22) / small_k (k <= 256) / large; tf32: 1-2 |
+|              |                                                             | K-major packed GEMMs per profile; f32 HIGH and |
+|              |                                                             | HIGHEST: none (XLA's dot, untimed)             |
+
+Candidates a device cannot run (``supports``: platform, capability, dtypes, shared
+memory, alignment) are demoted by the planner; Mosaic needs sm_90 and on other GPUs its
+group is skipped outright.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.kernels.gpu import mosaic
+from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
+from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
+from jax_autotune.kernels.gpu.padded import padded, padded_problem
+from jax_autotune.kernels.gpu.triton import (
+    GemmConfig, VectorConfig, cdiv, gemm, shared_memory_bytes, split_k_extent, tile_count,
+    vector_matmul,
+)
+from jax_autotune.key import Kind, Layout, MatmulKey, Precision, Scale
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.kernels.gpu.xla_variants import xla_transposed
+from jax_autotune.kernels.xla import XLA_DOT, xla_dot
+
+TOP, FALLBACK, SKIP = 2, 1, -1
+HALF = ("bfloat16", "float16")
+FLOAT = HALF + ("float32",)
+
+# rough H200 figures for the cost model (see shared/baselines/h200.md)
+_NUM_SMS = 132
+_PEAK_FLOPS = {"half": 790e12, "tf32": 400e12, "fp32": 50e12}
+_BANDWIDTH = 4.3e12
+_LAUNCH_S = 3e-6
+
+
+# ---------------------------------------------------------------- the configs
+
+def _g(bm, bn, bk, w, s, sk=1, g=8) -> GemmConfig:
+    return GemmConfig(block_m=bm, block_n=bn, block_k=bk, group_m=g, num_warps=w,
+                      num_stages=s, split_k=sk)
+
+
+# triton_gemm: profile -> configs; profile = (dtype class, size class). Pruned with the
+# H200 probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
+# tiled GEMM on the operands as stored.
+GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
+    ("half", "medium"): (_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(128, 64, 64, 4, 4),
+                         _g(128, 128, 64, 8, 3)),
+    ("half", "small_k"): (_g(128, 128, 64, 8, 3), _g(128, 256, 64, 8, 3), _g(256, 128, 64, 8, 3),
+                          _g(128, 128, 128, 8, 2)),
+    ("half", "large"): (_g(128, 256, 64, 8, 3), _g(128, 128, 64, 8, 3), _g(256, 128, 64, 8, 3)),
+}
+
+# f32 at DEFAULT (TF32) runs the GEMM on operands packed K-major (``gpu.packed``): wgmma
+# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs
+# (43.7 us as stored against 18.6 us packed at 768^3 on the H200). Still 1.7-2x behind
+# XLA's cuBLAS there, so one or two configs per profile; f32 HIGH/HIGHEST (Triton's
+# ieee dot, on the CUDA cores) lost 3x to XLA and gets no Triton round at all.
+F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
+    "medium": (_g(64, 64, 64, 4, 3), _g(64, 64, 32, 4, 4)),
+    "small_k": (_g(128, 128, 32, 4, 3),),
+    "large": (_g(128, 128, 32, 4, 3),),
+}
+
+# split_k: half precision only (an f32 rhs as stored is not pipelined, see above); next
+# to them XLA's dot of the transposed problem, C^T = B^T A^T, for every dtype: cuBLAS
+# then picks another kernel, 79 us against 134 us at f32 128x8192x8192 on the H200.
+SPLIT_K_CONFIGS = (_g(128, 128, 64, 8, 4, sk=2), _g(128, 64, 64, 4, 3, sk=2),
+                   _g(64, 64, 64, 4, 3, sk=4))
+
+# skinny: narrow block on the narrow side; (wide block, block_k, stages, split_k)
+_SKINNY_SHAPES = ((64, 128, 4, 1), (64, 128, 4, 4), (128, 64, 4, 2), (64, 256, 3, 1))
+SKINNY_NARROW = (16, 32, 64)
+
+
+def skinny_config(side: str, narrow: int, wide: int, bk: int, stages: int, sk: int) -> GemmConfig:
+    bm, bn = (narrow, wide) if side == "m" else (wide, narrow)
+    return _g(bm, bn, bk, 4, stages, sk)
+
+
+# on an H200 narrow output blocks with long k steps won (bn32_bk512 10.3 us against 69 us
+# for bn256_bk64 at 1x4096x4096 bf16); XLA's dot is at the memory floor there anyway
+VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
+
+MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
+                  MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
+
+# padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
+# the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
+# into the unpadded result (16.4 us against 18.6 padded XLA, 31.2 XLA at bf16 1025^3).
+# XLA padded to 64 was never better than to 8 (31.0/19.4 against 30.4/18.6 us).
+PADDED_XLA_ALIGN = 8
+PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
+
+
+# ---------------------------------------------------------------- key predicates
+
+def dtype_class(key: MatmulKey | MatmulProblem) -> str:
+    return "half" if key.lhs_dtype in HALF else "f32"
+
+
+def size_class(key: MatmulKey) -> str:
+    # 2**22 = a 2048 x 2048 bucket: it holds 1025..2048, so small real sizes land here too
+    if key.m * key.n <= 2 ** 22:
+        return "medium"
+    if key.k <= 256:
+        return "small_k"
+    return "large"
+
+
+def tf32_key(key: MatmulKey) -> bool:
+    """f32 inputs at Precision.DEFAULT: the tensor cores may run TF32 (as XLA's dot does)."""
+    return key.lhs_dtype == "float32" and key.precision == Precision.DEFAULT
+
+
+def is_vector(key: MatmulKey) -> bool:
+    return key.m == 1 or key.n == 1
+
+
+def narrow_side(key: MatmulKey) -> str | None:
+    """"m" or "n" when that side is <= 64 (bucketed) and not 1, else None."""
+    if is_vector(key) or min(key.m, key.n) > 64:
+        return None
+    return "m" if key.m <= key.n else "n"
+
+
+def narrow_block(key: MatmulKey) -> int:
+    return max(16, min(64, min(key.m, key.n)))
+
+
+def is_misaligned(key: MatmulKey) -> bool:
+    """A row stride that is not a multiple of 16 bytes: every GEMM loads narrowly."""
+    return key.kind == Kind.GENERAL and min(key.lhs_stride_factor, key.rhs_stride_factor) < 4
+
+
+def is_split_k_shape(key: MatmulKey) -> bool:
+    return key.m * key.n <= 2 ** 21 and key.k >= 2048
+
+
+def mosaic_shape(key: MatmulKey) -> bool:
+    """The accelerated group's key test (device-independent part)."""
+    itemsize = np.dtype(key.lhs_dtype).itemsize
+    return (key.lhs_dtype in HALF and key.rhs_dtype == key.lhs_dtype
+            and key.out_dtype == key.lhs_dtype and key.batch == 1
+            and key.kind == Kind.GENERAL and key.scale == Scale.LARGE
+            and key.lhs_layout == Layout.contiguous() and key.rhs_layout == Layout.contiguous()
+            and min(key.m, key.n) >= 1024
+            and 2 ** key.rhs_stride_factor >= 256 * itemsize  # n % 256 == 0
+            and 2 ** key.lhs_stride_factor >= 64 * itemsize)  # k % 64 == 0
+
+
+# ---------------------------------------------------------------- supports
+
+_SHARED_MEMORY = {(9, 0): 232_448, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
+                  (8, 9): 101_376}
+
+
+def shared_memory_limit(device: DeviceInfo) -> int:
+    cc = device.compute_capability or (0, 0)
+    if cc >= (9, 0):
+        return _SHARED_MEMORY[(9, 0)]
+    return _SHARED_MEMORY.get(cc, 49_152)
+
+
+def _triton_device_ok(device: DeviceInfo, key: MatmulKey) -> bool:
+    cc = device.compute_capability
+    return (device.platform == "gpu" and cc is not None and cc >= (8, 0)
+            and key.lhs_dtype in FLOAT and key.rhs_dtype == key.lhs_dtype
+            and key.out_dtype in FLOAT
+            and key.lhs_layout.name != "HighlyPermuted" and key.rhs_layout.name != "HighlyPermuted")
+
+
+def gemm_supports(config: GemmConfig):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        itemsize = np.dtype(key.lhs_dtype).itemsize
+        return (_triton_device_ok(device, key)
+                and shared_memory_bytes(config, itemsize) <= shared_memory_limit(device))
+    return supports
+
+
+def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
+    return _triton_device_ok(device, key) and is_vector(key)
+
+
+def mosaic_supports(config: MosaicConfig):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        cc = device.compute_capability
+        itemsize = np.dtype(key.lhs_dtype).itemsize
+        return (device.platform == "gpu" and cc is not None and cc >= (9, 0)
+                and mosaic.AVAILABLE and mosaic_shape(key)
+                and 2 ** key.rhs_stride_factor >= config.cta_tile[1] * itemsize
+                and 2 ** key.lhs_stride_factor >= config.tile_k * itemsize
+                and mosaic.fits_shared_memory(config, key.lhs_dtype))
+    return supports
+
+
+# ---------------------------------------------------------------- cost model
+
+def _peak(problem: MatmulProblem) -> float:
+    if dtype_class(problem) == "half":
+        return _PEAK_FLOPS["half"]
+    return _PEAK_FLOPS["tf32" if problem.precision == Precision.DEFAULT else "fp32"]
+
+
+def _memory_seconds(problem: MatmulProblem, extra_bytes: float = 0.0) -> float:
+    item = np.dtype(problem.lhs_dtype).itemsize
+    out_item = np.dtype(problem.out_dtype).itemsize
+    b = problem.batch
+    moved = b * ((problem.m + problem.n) * problem.k * item + problem.m * problem.n * out_item)
+    return (moved + extra_bytes) / _BANDWIDTH
+
+
+def gemm_cost(config: GemmConfig, problem: MatmulProblem) -> float:
+    """Seconds: whole waves of padded tiles at 70% of peak, or the bytes, plus a launch."""
+    waves = cdiv(tile_count(problem, config), _NUM_SMS)
+    k_extent = split_k_extent(problem.k, config) if config.split_k > 1 else problem.k
+    tile_flops = 2 * config.block_m * config.block_n * k_extent
+    compute = waves * _NUM_SMS * tile_flops / (0.7 * _peak(problem))
+    partials = 0.0
+    if config.split_k > 1:  # f32 partials written, then read by the reduction
+        partials = 2 * 4 * config.split_k * problem.batch * problem.m * problem.n
+    launches = 2 if config.split_k > 1 else 1
+    return max(compute, _memory_seconds(problem, partials)) + launches * _LAUNCH_S
+
+
+def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
+    return _memory_seconds(problem) / 0.8 + _LAUNCH_S
+
+
+def mosaic_cost(config: MosaicConfig, problem: MatmulProblem) -> float:
+    cta_m, cta_n = config.cta_tile
+    tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
+    waves = cdiv(tiles, _NUM_SMS)
+    compute = waves * _NUM_SMS * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
+    return max(compute, _memory_seconds(problem)) + _LAUNCH_S
+
+
+def _padded_supports(inner, half_only: bool = False):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        if device.platform != "gpu" or key.lhs_dtype not in (HALF if half_only else FLOAT):
+            return False
+        return inner is None or inner(device, key)
+    return supports
+
+
+def _pad_copy_seconds(problem: MatmulProblem) -> float:
+    return 2 * _memory_seconds(problem) + 2 * _LAUNCH_S  # operands and output copied
+
+
+def _padded_xla_cost(align: int, problem: MatmulProblem) -> float:
+    big = padded_problem(problem, align)
+    flops = 2 * big.batch * big.m * big.n * big.k
+    return max(flops / (0.7 * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
+
+
+def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem) -> float:
+    """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
+    big = dataclasses.replace(problem, k=cdiv(problem.k, config.block_k) * config.block_k)
+    moved = packing_bytes(problem, config.block_k, k_major)
+    copies = (moved > 0) * 2
+    return gemm_cost(config, big) + moved / _BANDWIDTH + copies * _LAUNCH_S
+
+
+def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
+    flops = 2 * problem.batch * problem.m * problem.n * problem.k
+    return max(flops / (0.7 * _peak(problem)), _memory_seconds(problem)) + launches * _LAUNCH_S
+
+
+# ---------------------------------------------------------------- the set
+
+def _kernel(fn, config, fn_name: str | None = None):
+    """``fn(lhs, rhs, problem)`` for the candidate contract, with the config bound."""
+    def kernel(lhs, rhs, problem: MatmulProblem):
+        return fn(lhs, rhs, problem, config)
+    kernel.__name__ = f"{fn_name or fn.__name__}_{config.name}"
+    return kernel
+
+
+def _best_of(priorities):
+    if len(priorities) == 1:
+        return priorities[0]
+    return lambda key: max(p(key) for p in priorities)
+
+
+def _params(config, family: str) -> dict:
+    return {"family": family, **dataclasses.asdict(config)}
+
+
+def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
+    """XLA's dot (candidate 0), then Mosaic wgmma and Pallas Triton kernels in four groups."""
+    builder = CandidateSetBuilder("gpu", device.device_kind)
+    builder.add(XLA_DOT)
+    hopper = (device.compute_capability or (0, 0)) >= (9, 0)
+
+    padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP)
+    skinny = builder.group(
+        "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP)
+    split_k = builder.group(
+        "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP)
+    accelerated = builder.group(
+        "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP)
+    triton = builder.group(
+        "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP)
+
+    for config in MOSAIC_CONFIGS:
+        builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
+                              params=_params(config, "mosaic_wgmma"),
+                              supports=mosaic_supports(config),
+                              cost=functools.partial(mosaic_cost, config)),
+                    accelerated, lambda key: TOP)
+
+    # A config may serve several profiles or groups: collect its memberships, add it once.
+    gemm_members: dict[GemmConfig, dict[str, list]] = {}
+
+    def member(config: GemmConfig, group, priority):
+        gemm_members.setdefault(config, {}).setdefault(group.name, [group]).append(priority)
+
+    accelerated_backups = GEMM_PROFILES[("half", "large")][:1]
+    for profile, configs in GEMM_PROFILES.items():
+        for config in configs:
+            member(config, triton, lambda key, profile=profile:
+                   TOP if (dtype_class(key), size_class(key)) == profile
+                   else FALLBACK if dtype_class(key) == "half" or tf32_key(key) else SKIP)
+            if config in accelerated_backups:
+                member(config, accelerated, lambda key: TOP)
+    for config in SPLIT_K_CONFIGS:
+        member(config, split_k, lambda key: TOP if dtype_class(key) == "half" else SKIP)
+    for side in ("m", "n"):
+        for narrow in SKINNY_NARROW:
+            for wide, bk, stages, sk in _SKINNY_SHAPES:
+                member(skinny_config(side, narrow, wide, bk, stages, sk), skinny,
+                       lambda key, slot=(side, narrow):
+                       TOP if (narrow_side(key), narrow_block(key)) == slot else FALLBACK)
+    for config, groups in gemm_members.items():
+        pairs = [(group, _best_of(priorities)) for group, *priorities in groups.values()]
+        builder.add(Candidate(f"triton_gemm_{config.name}", _kernel(gemm, config),
+                              params=_params(config, "triton_gemm"),
+                              supports=gemm_supports(config),
+                              cost=functools.partial(gemm_cost, config)),
+                    *pairs)
+
+    # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
+    packed_members: dict[tuple[GemmConfig, bool], list] = {}
+    for profile, configs in F32_PACKED_PROFILES.items():
+        for config in configs:
+            packed_members.setdefault((config, True), []).append(
+                (triton, lambda key, profile=profile: SKIP if not tf32_key(key)
+                 else TOP if size_class(key) == profile else FALLBACK))
+    for config in PADDED_PACKED_CONFIGS:
+        packed_members.setdefault((config, False), []).append(
+            (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
+    for (config, k_major), pairs in packed_members.items():
+        layout = "kmajor" if k_major else "asis"
+        builder.add(Candidate(f"triton_packed_{layout}_{config.name}",
+                              _kernel(functools.partial(packed_gemm, k_major=k_major), config,
+                                      f"packed_gemm_{layout}"),
+                              params={**_params(config, "triton_packed"), "k_major": k_major},
+                              supports=gemm_supports(config),
+                              cost=functools.partial(packed_cost, config, k_major)),
+                    *pairs)
+
+    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",
+                          padded(xla_dot, PADDED_XLA_ALIGN),
+                          params={"family": "padded", "align": PADDED_XLA_ALIGN},
+                          supports=_padded_supports(None),
+                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
+                padded_group, lambda key: TOP)
+    builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
+                          supports=_padded_supports(None),
+                          cost=functools.partial(xla_cost, launches=2)),
+                split_k, lambda key: TOP)
+
+    for config in VECTOR_CONFIGS:
+        builder.add(Candidate(f"triton_vector_{config.name}", _kernel(vector_matmul, config),
+                              params=_params(config, "triton_vector"), supports=vector_supports,
+                              cost=functools.partial(vector_cost, config)),
+                    skinny, lambda key: TOP if is_vector(key) else SKIP)
+    return builder.build()
+
+
+__all__ = ["gpu_candidate_set", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
+           "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
+           "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
+           "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]

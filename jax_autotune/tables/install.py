@@ -1,0 +1,205 @@
+"""Tune tables and this process's runtime: harvest a table, install one, forget decisions.
+
+``table()`` gathers every decision of the live tuners and of the stores they (and the
+configuration) use; ``load_table`` / ``install_table`` put a table's entries for this
+process's devices into their memory tables and stores; ``clear_decisions`` deletes stored
+decisions. The file format itself (``table_file``) knows nothing of any of this.
+
+    >>> from jax_autotune.tables.install import load_table, table
+    >>> table().save("tune_table.json")                  # this process + the store
+    >>> load_table("tune_table.json")                    # another process or machine
+    TuneTable(2 devices, 41 entries)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from typing import Iterable, Iterator
+
+from jax_autotune.kernels.xla import XLA_DOT_NAME
+from jax_autotune.key import MatmulKey
+from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
+from jax_autotune.tuners import built_tuners, current_tuners
+from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.store import (DecisionNamespace, TuneStore, current_decision_prefix,
+                                       open_store)
+from jax_autotune.tuning.tuner import Tuner
+
+
+def known_sets(tuners: Iterable[Tuner]) -> dict[str, CandidateSetInfo]:
+    """The candidate set of each tuner's device, as ``TuneTable.load(known=...)`` takes it."""
+    return {t.device.fingerprint: CandidateSetInfo(t.checksum, frozenset(t.candidate_set.names()))
+            for t in tuners}
+
+
+def read_table(path: str | os.PathLike, *, tuners: Iterable[Tuner] | None = None) -> TuneTable:
+    """Read and validate a table file against ``tuners`` (default: ``current_tuners()``):
+    entries their candidate sets cannot use are skipped, with one warning.
+
+        >>> read_table("tune_table.json")
+        TuneTable(1 devices, 12 entries)
+    """
+    tuners = current_tuners() if tuners is None else list(tuners)
+    return TuneTable.load(path, known=known_sets(tuners))
+
+
+@contextlib.contextmanager
+def stores_in_use(tuners: Iterable[Tuner]) -> Iterator[list[TuneStore]]:
+    """The distinct working stores of ``tuners`` plus the configured one, once each; the
+    configured one is closed afterwards when no tuner holds it.
+
+        >>> with stores_in_use(built_tuners()) as stores:
+        ...     rows = [row for store in stores for row in store.entries()]
+    """
+    stores: dict = {}
+    for tuner in tuners:
+        if tuner.store.available:
+            stores.setdefault(tuner.store.path, tuner.store)
+    configured = open_store()
+    owned = configured.available and configured.path not in stores
+    if owned:
+        stores[configured.path] = configured
+    try:
+        yield list(stores.values())
+    finally:
+        if owned:
+            configured.close()
+
+
+def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
+    """The current environment's table: every decision of ``tuners`` (default: every tuner
+    built so far in this process), plus the store's entries of this jax_autotune and jax
+    version for any device fingerprint.
+
+        >>> jat.warmup(train_step, params, batch, grad=True)
+        >>> table().save("tune_table.json")
+
+    For a device without a tuner in this process, the entries of its most recently written
+    candidate set are taken (older sets' entries could not be installed anyway).
+    """
+    tuners = built_tuners() if tuners is None else list(tuners)
+    sections: dict[str, tuple[str, tuple[str, ...]]] = {}
+    decisions: dict[str, dict[MatmulKey, Decision]] = {}
+    for tuner in tuners:
+        fingerprint, checksum = tuner.device.fingerprint, tuner.checksum
+        sections[fingerprint] = (checksum, tuple(tuner.candidate_set.names()))
+        found = decisions.setdefault(fingerprint, {})
+        for decision in tuner.decisions():
+            if decision.source != "fallback" and decision.checksum in ("", checksum):
+                found.setdefault(decision.key, dataclasses.replace(
+                    decision, device=fingerprint, checksum=checksum))
+
+    prefix = current_decision_prefix()
+    with stores_in_use(tuners) as stores:
+        rows = [row for store in stores for row in store.entries(namespace_prefix=prefix)]
+    by_device: dict[str, list] = {}
+    for row in rows:
+        namespace = DecisionNamespace.parse(row.namespace)
+        if namespace is not None:
+            by_device.setdefault(namespace.device, []).append(row)
+    for fingerprint, device_rows in by_device.items():
+        if fingerprint in sections:
+            checksum = sections[fingerprint][0]
+        else:
+            checksum = max(device_rows, key=lambda r: r.updated).checksum
+        found = decisions.setdefault(fingerprint, {})
+        names: set[str] = set()
+        for row in device_rows:
+            if row.checksum != checksum:
+                continue
+            try:
+                decision = Decision.from_json(row.value)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a damaged row: the tuner re-tunes it too
+            names.update([decision.winner, *(r.name for r in decision.results)])
+            found.setdefault(decision.key, dataclasses.replace(
+                decision.with_source("store"), device=fingerprint, checksum=checksum))
+        if fingerprint not in sections:
+            ordered = sorted(names - {XLA_DOT_NAME})
+            sections[fingerprint] = (checksum, ((XLA_DOT_NAME,) if XLA_DOT_NAME in names else ())
+                                     + tuple(ordered))
+
+    return TuneTable({fp: DeviceTable(sections[fp][0], sections[fp][1],
+                                      tuple(decisions.get(fp, {}).values()))
+                      for fp in sections})
+
+
+def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = None,
+                  persist: bool = True) -> dict[str, int]:
+    """Install the entries of every device that has a tuner in ``tuners`` (default:
+    ``current_tuners()``) into its memory table and (``persist``) its store; returns
+    {fingerprint: entries installed}. Entries of other devices are left alone.
+
+        >>> install_table(TuneTable.load("tune_table.json"))
+        {'cpu-Intel-R--Xeon-R--x16-mem0': 12}
+    """
+    tuners = current_tuners() if tuners is None else list(tuners)
+    installed: dict[str, int] = {}
+    refused = 0
+    for tuner in tuners:
+        fingerprint = tuner.device.fingerprint
+        section = tune_table.devices.get(fingerprint)
+        if section is None or fingerprint in installed:
+            continue
+        count = 0
+        for decision in section.entries:
+            if section.checksum != tuner.checksum:
+                refused += 1
+            elif tuner.install(decision.with_source("table"), persist=persist):
+                count += 1
+            else:
+                refused += 1
+        installed[fingerprint] = count
+    if refused:
+        warnings.warn(f"jax_autotune: {refused} tune-table entr{'y' if refused == 1 else 'ies'} "
+                      f"not installed: a candidate-set checksum or winner unknown to this build.",
+                      TuneTableWarning, stacklevel=2)
+    return installed
+
+
+def load_table(path_or_table: str | os.PathLike | TuneTable, install: bool = True, *,
+               tuners: Iterable[Tuner] | None = None) -> TuneTable:
+    """Load (and validate) a tune table file, or take a ``TuneTable``; with ``install``,
+    put the entries of the current device(s) into the memory table and the store, so
+    ``JAX_AUTOTUNE_MODE=require`` finds them. Returns the table (every device's entries).
+
+        >>> import jax_autotune as jat
+        >>> jat.load_table("tune_table.json")
+        TuneTable(2 devices, 41 entries)
+    """
+    tuners = current_tuners() if tuners is None else list(tuners)
+    if isinstance(path_or_table, TuneTable):
+        loaded = path_or_table
+    elif isinstance(path_or_table, (str, os.PathLike)):
+        loaded = read_table(path_or_table, tuners=tuners)
+    else:
+        raise TypeError(f"path_or_table: expected a path or a TuneTable, "
+                        f"got {type(path_or_table).__name__}")
+    if install:
+        install_table(loaded, tuners=tuners)
+    return loaded
+
+
+def clear_decisions(device: str | None = None) -> int:
+    """Delete stored decisions (every jax_autotune and jax version) of one device fingerprint
+    or of all, and forget the memory tables of this process's tuners; throughput probes
+    stay. Returns the number of rows deleted.
+
+        >>> clear_decisions("cpu-AMD-EPYC-x16-mem0")
+        12
+    """
+    tuners = built_tuners()
+    for tuner in tuners:
+        if device is None or tuner.device.fingerprint == device:
+            tuner.forget()
+    deleted = 0
+    with stores_in_use(tuners) as stores:
+        for store in stores:
+            for namespace in store.namespaces():
+                parsed = DecisionNamespace.parse(namespace)
+                if parsed is not None and device in (None, parsed.device):
+                    deleted += store.delete(namespace)
+    return deleted

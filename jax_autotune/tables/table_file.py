@@ -1,0 +1,419 @@
+"""Tune tables: the decisions of one or several devices, portable as one versioned JSON file.
+
+A ``TuneTable`` holds, per device fingerprint, the candidate-set checksum, the candidate
+names and every decision (the winner and every candidate's results). It is how a model
+ships its kernel choices: export it, import it elsewhere, or put it in an orbax
+checkpoint next to the parameters (see ``jax_autotune.checkpoint``).
+
+    >>> from jax_autotune.tables.table_file import TuneTable
+    >>> TuneTable.load("tune_table.json")                # validated, nothing installed
+    TuneTable(2 devices, 41 entries)
+
+File format (``schema_version`` 1; JSON only, nothing is ever unpickled)::
+
+    {"schema": "jax_autotune.tune_table", "schema_version": 1,
+     "jax_autotune_version": "0.1.0", "jax_version": "0.10.2",
+     "created": "2025-01-01T00:00:00Z",
+     "devices": {"<fingerprint>": {"checksum": "<candidate-set checksum>",
+                                   "candidates": ["xla_dot", ...],
+                                   "entries": [<Decision.to_json()>, ...]}}}
+
+Loading validates: text that is not JSON, another schema or schema version, or a field
+of the wrong type raise ``TuneTableError`` naming the field. An entry this build cannot
+use is skipped, with ONE ``TuneTableWarning`` per load giving the count: its checksum
+differs from its device's, its winner is not among its device's candidates, or (for a
+device whose candidate set the reader passes in as ``known``) the device's checksum or
+the winner is unknown to this build's candidate set. Entries of other devices are kept (a
+table may carry several GPU kinds) but never installed. The versions in the file are
+informational: the candidate-set checksum is what decides whether an entry is usable.
+Reading is pure: it builds no tuner and opens no store (``jax_autotune.tables.install``
+connects tables to the runtime).
+
+Merge rule (``TuneTable.merge``): newer wins. Per (device, key), the entry with the
+larger ``timestamp`` wins (a tie keeps ``self``'s). If the two tables disagree on a
+device's candidate-set checksum, that device's whole section comes from the table whose
+newest entry for it is newer (decisions of two candidate sets never mix). Devices present
+in only one table are kept as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import jax
+
+from jax_autotune._version import __version__
+from jax_autotune.key import MatmulKey
+from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
+from jax_autotune.tuning.decision import OUTCOMES, Decision
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "TuneTable",
+           "TuneTableError", "TuneTableWarning"]
+
+SCHEMA = "jax_autotune.tune_table"
+SCHEMA_VERSION = 1
+
+
+class TuneTableError(ValueError):
+    """A tune table that cannot be read: not JSON, another schema or version, or a field of
+    the wrong type. The message names the file (when known) and the field."""
+
+
+class TuneTableWarning(UserWarning):
+    """Entries of a tune table were skipped because this build cannot use them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateSetInfo:
+    """What this build knows of one device's candidate set: its checksum and names.
+
+    Reading a table against these (``TuneTable.loads(..., known=...)``) skips the entries
+    this build cannot use; ``jax_autotune.tables.install`` makes them from live tuners.
+
+        >>> CandidateSetInfo("9f3c...", frozenset({"xla_dot", "native_gemm_avx2_6x16_t1"}))
+    """
+
+    checksum: str
+    names: frozenset[str]
+
+
+# ---------------------------------------------------------------- one device's section
+
+@dataclasses.dataclass(frozen=True)
+class DeviceTable:
+    """The decisions of one device fingerprint, all from one candidate set.
+
+        >>> section = DeviceTable("abc123", ("xla_dot", "native_gemm"), (decision,))
+        >>> section.entry(decision.key).winner                       # doctest: +SKIP
+        'native_gemm'
+    """
+
+    checksum: str
+    candidates: tuple[str, ...]
+    entries: tuple[Decision, ...] = ()  # sorted by canonical key
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+        ordered = sorted(self.entries, key=lambda d: d.key.canonical())
+        object.__setattr__(self, "entries", tuple(ordered))
+
+    def entry(self, key: MatmulKey) -> Decision | None:
+        for decision in self.entries:
+            if decision.key == key:
+                return decision
+        return None
+
+    @property
+    def newest(self) -> float:
+        """The newest entry's timestamp (-inf for an empty section)."""
+        return max((d.timestamp for d in self.entries), default=-math.inf)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checksum": self.checksum, "candidates": list(self.candidates),
+                "entries": [d.to_json() for d in self.entries]}
+
+
+# ---------------------------------------------------------------- the table
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class TuneTable:
+    """Decisions of one or several devices, keyed by device fingerprint.
+
+        >>> t = TuneTable.load("tune_table.json")
+        >>> t.merge(table()).save("tune_table.json")
+        >>> [row.winner for row in t.summary_rows()]
+        ['native_gemm_avx2_6x16_t2', 'xla_dot']
+    """
+
+    devices: Mapping[str, DeviceTable] = dataclasses.field(default_factory=dict)
+    jax_autotune_version: str = ""
+    jax_version: str = ""
+    created: str = ""
+
+    __hash__ = None  # holds a dict
+
+    def __post_init__(self):
+        if not self.jax_autotune_version or not self.jax_version:
+            object.__setattr__(self, "jax_autotune_version", self.jax_autotune_version or __version__)
+            object.__setattr__(self, "jax_version", self.jax_version or jax.__version__)
+        if not self.created:
+            now = datetime.datetime.now(datetime.timezone.utc)
+            object.__setattr__(self, "created", now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        object.__setattr__(self, "devices", dict(sorted(self.devices.items())))
+
+    # -- reading ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return sum(len(section.entries) for section in self.devices.values())
+
+    def __repr__(self) -> str:
+        return f"TuneTable({len(self.devices)} devices, {len(self)} entries)"
+
+    def entries(self, device: str | None = None) -> Iterator[tuple[str, Decision]]:
+        """(fingerprint, decision) pairs, of one device or of all."""
+        for fingerprint, section in self.devices.items():
+            if device is None or fingerprint == device:
+                for decision in section.entries:
+                    yield fingerprint, decision
+
+    def find(self, key: str, device: str | None = None) -> list[tuple[str, Decision]]:
+        """The entries whose key matches ``key``: a key id or a compact key as ``show``
+        prints them, a canonical key string, or else any substring of a canonical string.
+
+            >>> [d.winner for _, d in t.find("m=1024 n=1024 k=1024")]     # doctest: +SKIP
+            ['xla_dot']
+        """
+        pairs = list(self.entries(device))
+        text = " ".join(key.split())
+        for exact in (lambda d: key_id(d.key) == text, lambda d: d.key.canonical() == text,
+                      lambda d: d.key.describe() == text):
+            found = [(fp, d) for fp, d in pairs if exact(d)]
+            if found:
+                return found
+        return [(fp, d) for fp, d in pairs if text in d.key.canonical()]
+
+    def summary_rows(self, device: str | None = None, key: str | None = None) -> list[SummaryRow]:
+        """One ``SummaryRow`` per entry, optionally of one device and of keys containing
+        ``key`` (in the canonical key string or the compact form, or equal to the key id)."""
+        return [summarize(fingerprint, decision) for fingerprint, decision in self.entries(device)
+                if not key or matches(decision.key, key)]
+
+    # -- combining ----------------------------------------------------------------------
+
+    def merge(self, other: "TuneTable") -> "TuneTable":
+        """A new table: newer wins (see the module docstring for the exact rule).
+
+            >>> shipped.merge(table())     # local re-tunes replace older shipped entries
+            TuneTable(2 devices, 43 entries)
+        """
+        if not isinstance(other, TuneTable):
+            raise TypeError(f"other: expected a TuneTable, got {type(other).__name__}")
+        devices = dict(self.devices)
+        for fingerprint, theirs in other.devices.items():
+            ours = devices.get(fingerprint)
+            if ours is None:
+                devices[fingerprint] = theirs
+            elif ours.checksum != theirs.checksum:
+                if theirs.newest > ours.newest:
+                    devices[fingerprint] = theirs
+            else:
+                merged = {d.key: d for d in ours.entries}
+                for decision in theirs.entries:
+                    mine = merged.get(decision.key)
+                    if mine is None or decision.timestamp > mine.timestamp:
+                        merged[decision.key] = decision
+                candidates = ours.candidates + tuple(c for c in theirs.candidates
+                                                     if c not in ours.candidates)
+                devices[fingerprint] = DeviceTable(ours.checksum, candidates,
+                                                   tuple(merged.values()))
+        return TuneTable(devices)
+
+    # -- JSON ---------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+            "jax_autotune_version": self.jax_autotune_version, "jax_version": self.jax_version,
+            "created": self.created,
+            "devices": {fp: section.to_json() for fp, section in self.devices.items()},
+        }
+
+    def dumps(self) -> str:
+        """The table as JSON text (what ``save`` writes)."""
+        return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the table as JSON to ``path`` atomically (a temporary file, then a rename).
+
+            >>> table().save("tune_table.json")
+            PosixPath('tune_table.json')
+        """
+        path = Path(os.fspath(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.dumps())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *,
+             known: Mapping[str, CandidateSetInfo] | None = None) -> "TuneTable":
+        """Read and validate a table file (see the module docstring). ``known`` holds, per
+        device fingerprint, the candidate set this build has for it: entries it cannot use
+        are skipped (``jax_autotune.tables.install.read_table`` passes this process's).
+        A missing file raises ``FileNotFoundError``.
+
+            >>> TuneTable.load("tune_table.json")
+            TuneTable(1 devices, 12 entries)
+        """
+        path = Path(os.fspath(path))
+        with open(path, "rb") as f:
+            raw = f.read()
+        return cls.loads(raw, known=known, origin=str(path))
+
+    @classmethod
+    def loads(cls, text: str | bytes, *, known: Mapping[str, CandidateSetInfo] | None = None,
+              origin: str = "tune table") -> "TuneTable":
+        """Parse and validate JSON text; ``origin`` names the source in errors and warnings."""
+        try:
+            if isinstance(text, bytes):
+                text = text.decode("utf-8")
+            data = json.loads(text)
+        except (UnicodeDecodeError, ValueError) as err:
+            raise TuneTableError(f"{origin}: not a JSON tune table ({err})") from None
+        return cls.from_json(data, known=known, origin=origin)
+
+    @classmethod
+    def from_json(cls, data: Any, *, known: Mapping[str, CandidateSetInfo] | None = None,
+                  origin: str = "tune table") -> "TuneTable":
+        """Validate a decoded JSON object (see the module docstring for the rules)."""
+        return _parse(data, known or {}, origin)
+
+
+# ---------------------------------------------------------------- validation
+
+_NUMBER = "number"
+
+
+def _type_name(expected) -> str:
+    names = {str: "a string", int: "an integer", bool: "a boolean", list: "a list",
+             dict: "an object", type(None): "null", _NUMBER: "a number"}
+    return " or ".join(names[t] for t in (expected if isinstance(expected, tuple) else (expected,)))
+
+
+def _matches(value: Any, expected) -> bool:
+    for kind in expected if isinstance(expected, tuple) else (expected,):
+        if kind is _NUMBER:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return True
+        elif kind in (int, float) and isinstance(value, bool):
+            continue
+        elif isinstance(value, kind):
+            return True
+    return False
+
+
+def _field(data: dict, name: str, expected, where: str, origin: str, *, required: bool = True):
+    if name not in data:
+        if required:
+            raise TuneTableError(f"{origin}: {where}{name}: missing (expected {_type_name(expected)})")
+        return None
+    value = data[name]
+    if not _matches(value, expected):
+        shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
+        raise TuneTableError(f"{origin}: {where}{name}: expected {_type_name(expected)}, got {shown}")
+    return value
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+_RESULT_FIELDS = {"name": (str, True), "outcome": (str, True), "round": (str, False),
+                  "samples": (list, False), "score": ((_NUMBER, type(None)), False),
+                  "pruned": (bool, False), "rel_error": ((_NUMBER, type(None)), False),
+                  "error": (str, False)}
+_ENTRY_FIELDS = {"key": (dict, True), "key_string": (str, False), "problem": (dict, True),
+                 "winner": (str, True), "results": (list, False),
+                 "bounds": ((dict, type(None)), False), "limit": ((_NUMBER, type(None)), False),
+                 "tuning_seconds": (_NUMBER, False), "timestamp": (_NUMBER, False),
+                 "device": (str, False), "checksum": (str, False), "source": (str, False),
+                 "reason": (str, False)}
+
+
+def _parse_entry(data: Any, where: str, origin: str) -> Decision:
+    if not isinstance(data, dict):
+        raise TuneTableError(f"{origin}: {where.rstrip('.')}: expected an object, "
+                             f"got {type(data).__name__}")
+    for name, (expected, required) in _ENTRY_FIELDS.items():
+        _field(data, name, expected, where, origin, required=required)
+    for i, result in enumerate(data.get("results") or []):
+        at = f"{where}results[{i}]."
+        if not isinstance(result, dict):
+            raise TuneTableError(f"{origin}: {at.rstrip('.')}: expected an object, "
+                                 f"got {type(result).__name__}")
+        for name, (expected, required) in _RESULT_FIELDS.items():
+            _field(result, name, expected, at, origin, required=required)
+        if result["outcome"] not in OUTCOMES:
+            raise TuneTableError(f"{origin}: {at}outcome: expected one of {', '.join(OUTCOMES)}, "
+                                 f"got {result['outcome']!r}")
+        for j, sample in enumerate(result.get("samples") or []):
+            if not _matches(sample, _NUMBER):
+                raise TuneTableError(f"{origin}: {at}samples[{j}]: expected a number, got {sample!r}")
+    try:
+        return Decision.from_json(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise TuneTableError(f"{origin}: {where.rstrip('.')}: {err}") from None
+
+
+def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -> TuneTable:
+    if not isinstance(data, dict):
+        raise TuneTableError(f"{origin}: expected a JSON object at the top, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise TuneTableError(f"{origin}: schema: expected {SCHEMA!r}, got {schema!r}")
+    version = _field(data, "schema_version", int, "", origin)
+    if version != SCHEMA_VERSION:
+        raise TuneTableError(f"{origin}: schema_version: this build reads version {SCHEMA_VERSION}, "
+                             f"got {version} (upgrade jax_autotune to read it)")
+    header = {name: _field(data, name, str, "", origin)
+              for name in ("jax_autotune_version", "jax_version", "created")}
+    raw_devices = _field(data, "devices", dict, "", origin)
+
+    skipped: Counter[str] = Counter()
+    devices: dict[str, DeviceTable] = {}
+    for fingerprint, raw in raw_devices.items():
+        where = f"devices[{json.dumps(fingerprint)}]."
+        if not isinstance(raw, dict):
+            raise TuneTableError(f"{origin}: {where.rstrip('.')}: expected an object, "
+                                 f"got {type(raw).__name__}")
+        checksum = _field(raw, "checksum", str, where, origin)
+        candidates = _field(raw, "candidates", list, where, origin)
+        for i, name in enumerate(candidates):
+            if not isinstance(name, str):
+                raise TuneTableError(f"{origin}: {where}candidates[{i}]: expected a string, got {name!r}")
+        raw_entries = _field(raw, "entries", list, where, origin)
+        this_build = known_sets.get(fingerprint)
+        known = set(candidates) if this_build is None else set(candidates) & this_build.names
+        kept: dict[MatmulKey, Decision] = {}
+        for i, raw_entry in enumerate(raw_entries):
+            decision = _parse_entry(raw_entry, f"{where}entries[{i}].", origin)
+            if (decision.checksum and decision.checksum != checksum) or (
+                    this_build is not None and checksum != this_build.checksum):
+                skipped["a candidate-set checksum other than this build's"] += 1
+                continue
+            if decision.winner not in known:
+                skipped["a winner that is not a candidate of this build"] += 1
+                continue
+            decision = dataclasses.replace(decision, device=fingerprint, checksum=checksum)
+            previous = kept.get(decision.key)
+            if previous is None or decision.timestamp > previous.timestamp:
+                kept[decision.key] = decision
+        devices[fingerprint] = DeviceTable(checksum, tuple(candidates), tuple(kept.values()))
+    if skipped:
+        total = sum(skipped.values())
+        reasons = "; ".join(f"{n} with {why}" for why, n in skipped.items())
+        warnings.warn(f"jax_autotune: {origin}: skipped {total} tune-table "
+                      f"entr{'y' if total == 1 else 'ies'} this build cannot use ({reasons}). "
+                      f"Those keys are not installed; tune them on this device "
+                      f"(jax_autotune.warmup) and export a new table.",
+                      TuneTableWarning, stacklevel=4)
+    return TuneTable(devices, **header)

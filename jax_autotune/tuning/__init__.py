@@ -1,0 +1,9 @@
+"""Internal: the tuning engine, one concept per module (no public API here).
+
+key -> ``plan`` (rounds) -> ``bench`` (adaptive benchmark, with ``timing``,
+``correctness``, ``roofline`` and ``probes``) -> ``decision`` -> ``store`` (SQLite),
+driven by ``tuner.Tuner``; ``candidates`` are the types kernel families are built from,
+``device`` the facts a candidate may ask of a device, ``rules`` every constant of the
+benchmark, ``counters`` what ``jax_autotune.stats()`` reports. Nothing here imports a
+kernel family: the registry (``jax_autotune.tuners``) hands each Tuner its candidate set.
+"""

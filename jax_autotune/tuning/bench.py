@@ -1,0 +1,263 @@
+"""The adaptive benchmark of one key: compile, check, sample, prune, short-circuit.
+
+For each round of the plan (see ``plan``), with XLA's dot as the baseline:
+
+1. order the round: XLA's dot first (compiled and measured alone, so that when it
+   short-circuits nothing else is compiled), then by estimated cost; compile the rest
+   in parallel threads (``Timer.prepare``): all before timing with a host clock, a few
+   ahead of the one being measured with a device timer;
+2. run each once (the warm-up) and compare its output with the reference (and, with
+   a sampled reference, the whole output with XLA's dot's once that passed): a wrong
+   result is recorded as ``wrong_result`` and never timed;
+3. sample candidates one after another in that order: the first sample is
+   discarded, then 3 to 10 are kept; a candidate
+   stops early once its kept samples are stable (median within 3% of the best);
+4. pruning: after 3 kept samples a candidate whose best is over 1.5x the best so far
+   is dropped (``pruned``), unless that would leave fewer than two measured survivors;
+5. short-circuit: the first candidate with 2 samples inside the roofline limit ends
+   the whole tuning; candidates not yet sampled are ``skipped``;
+6. the per-key budget ends tuning with the best so far (the rest ``skipped``).
+
+The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
+SCORE, the median of its kept samples; it replaces XLA's dot only when it is faster by
+more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal kernel. Every constant is in ``rules.TuningRules``.
+
+    >>> bench = KeyBenchmark(problem, inputs, reference, timer, limit=bounds.limit)
+    >>> bench.run_round(plan.baseline, round.candidates, label="gemm/2")
+    True
+    >>> bench.winner(baseline="xla_dot")
+    'native_gemm_avx2_6x16_t2'
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+
+from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.correctness import check
+from jax_autotune.tuning.decision import CandidateResult
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.tuning.timing import Measurement, Timer
+
+HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
+_RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
+                     "shared memory", "smem", "too many resources")
+
+
+def classify_error(error: BaseException, stage: str) -> str:
+    """``resource_exhausted`` for memory / shared-memory overflows, else the stage's error."""
+    text = f"{type(error).__name__}: {error}".lower()
+    if any(marker in text for marker in _RESOURCE_MARKERS):
+        return "resource_exhausted"
+    return "compile_error" if stage == "compile" else "runtime_error"
+
+
+def _short(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+class CompileQueue:
+    """Candidates compiling in background threads (``Timer.prepare``), each at most once.
+
+    The tuner starts XLA's dot here before the reference and the probes run, so that its
+    compile overlaps them; the benchmark then starts and collects the rest.
+
+        >>> compiles = CompileQueue(timer, problem, inputs, threads=4)
+        >>> compiles.start(candidate)
+        >>> measurement, error = compiles.result(candidate)   # waits for the compile
+    """
+
+    def __init__(self, timer: Timer, problem: MatmulProblem, inputs: tuple[Any, Any], threads: int):
+        self.timer, self.problem, self.inputs = timer, problem, inputs
+        self.seconds: dict[str, float] = {}  # wall time of each compile
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, threads))
+        self._futures: dict[str, concurrent.futures.Future] = {}
+
+    def start(self, candidate: Candidate) -> None:
+        if candidate.name not in self._futures:
+            self._futures[candidate.name] = self._pool.submit(self._prepare, candidate)
+
+    def result(self, candidate: Candidate):
+        """(measurement, None), or (None, the error the compile raised)."""
+        self.start(candidate)
+        return self._futures[candidate.name].result()
+
+    def close(self) -> None:
+        """Drop compiles not begun; wait for those running (a thread cannot be stopped)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _prepare(self, candidate: Candidate):
+        started = time.perf_counter()
+        try:
+            return self.timer.prepare(candidate, self.problem, self.inputs), None
+        except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
+            return None, err
+        finally:
+            self.seconds[candidate.name] = time.perf_counter() - started
+
+
+class KeyBenchmark:
+    """Benchmarks candidates of one problem across rounds; keeps every result."""
+
+    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference,
+                 timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
+                 clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
+                 platform: str = "gpu", compiles: CompileQueue | None = None):
+        self.problem, self.inputs, self.reference = problem, inputs, reference
+        self.platform = platform
+        self.timer, self.limit, self.rules, self.clock = timer, limit, rules, clock
+        self.deadline = clock() + budget_seconds
+        self.results: dict[str, CandidateResult] = {}
+        self.finished = False  # short-circuit or budget: no more rounds
+        self.finish_reason = ""
+        self._best = math.inf  # best single sample so far, for pruning
+        self.trusted = None  # XLA's dot's output once it passed: the others are compared whole
+        self._baseline: str | None = None
+        self.compiles = compiles or CompileQueue(timer, problem, inputs, self.compile_threads(timer, rules))
+
+    @staticmethod
+    def compile_threads(timer: Timer, rules: TuningRules) -> int:
+        """Threads for compiling: ``rules.compile_ahead`` with a device timer; with a host
+        clock a whole round compiles at once, before any of it is timed."""
+        return rules.compile_ahead if timer.measures_device_time else HOST_COMPILE_THREADS
+
+    # ---------------------------------------------------------------- public
+    def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
+                  label: str = "") -> bool:
+        """Benchmark the baseline (once) and the round's candidates.
+
+        The baseline is compiled and measured first, alone: when it short-circuits,
+        nothing else is compiled. The others are then measured in order of estimated cost.
+        With a host wall-clock timer they are all compiled (in parallel threads) before
+        any is timed, so compiling never disturbs a measurement; with a device timer they
+        compile at most ``rules.compile_ahead`` ahead of the one being measured, so
+        compiling overlaps measuring and a short-circuit saves the remaining compiles.
+        True when one of the round's own candidates produced a valid (``ok``) result.
+        """
+        self._baseline = baseline.name
+        fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
+                       key=lambda c: self._order(c, baseline))
+        stages = [fresh[:1], fresh[1:]] if fresh and fresh[0] is baseline else [fresh]
+        device_time = self.timer.measures_device_time
+        for stage in stages:
+            ahead = self.rules.compile_ahead if device_time else len(stage)
+            self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
+        return any(self.results[c.name].outcome == "ok" for c in candidates)
+
+    def close(self) -> None:
+        """Wait for compiles still running (after a short-circuit or the budget)."""
+        self.compiles.close()
+
+    def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
+                   wait_for_all: bool) -> None:
+        if self.finished:
+            for c in stage:
+                self._record(c.name, "skipped", label, error=self.finish_reason)
+            return
+        for c in stage[:ahead]:
+            self.compiles.start(c)
+        if wait_for_all:
+            for c in stage:
+                self.compiles.result(c)
+        for index, candidate in enumerate(stage):
+            if not self.finished and self.clock() > self.deadline:
+                self._finish("budget")
+            if self.finished:
+                self._record(candidate.name, "skipped", label, error=self.finish_reason)
+                continue
+            if index + ahead < len(stage):  # keep the compile window full
+                self.compiles.start(stage[index + ahead])
+            measurement, error = self.compiles.result(candidate)
+            if error is not None:
+                self._record(candidate.name, classify_error(error, "compile"), label,
+                             error=_short(error))
+            else:
+                self._measure(candidate, measurement, label)
+
+    def winner(self, baseline: str | None = None) -> str | None:
+        """The eligible candidate with the lowest score; a candidate must beat an eligible
+        ``baseline`` by ``rules.baseline_margin`` to replace it (noise is not a win)."""
+        eligible = [r for r in self.results.values() if r.eligible]
+        if not eligible:
+            return None
+        best = min(eligible, key=lambda r: r.score)
+        base = self.results.get(baseline) if baseline else None
+        if base is not None and base.eligible and best.score * (1 + self.rules.baseline_margin) > base.score:
+            return base.name
+        return best.name
+
+    # ---------------------------------------------------------------- steps
+    def _order(self, candidate: Candidate, baseline: Candidate):
+        # the baseline first (it sets the pruning bar), then by estimated cost
+        if candidate is baseline:
+            return (0, 0.0)
+        cost = candidate.cost(self.problem) if candidate.cost else math.inf
+        return (1, cost)
+
+    def _measure(self, candidate: Candidate, measurement: Measurement, label: str) -> None:
+        rules = self.rules
+        try:
+            out = measurement.output()
+            verdict = check(out, self.reference, self.problem, self.platform, trusted=self.trusted)
+        except Exception as err:  # noqa: BLE001
+            self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
+            return
+        if verdict.ok and self.trusted is None and candidate.name == self._baseline:
+            self.trusted = out
+        if not verdict.ok:
+            self._record(candidate.name, "wrong_result", label, rel_error=verdict.rel_error,
+                         error=f"relative error {verdict.rel_error:.3g} > {verdict.tolerance:.3g}")
+            return
+        kept: list[float] = []
+        taken = in_bound = 0
+        pruned = False
+        try:
+            while len(kept) < rules.max_samples:
+                seconds = measurement.sample()
+                taken += 1
+                if taken <= rules.discard_first:
+                    continue
+                if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+                    self._record(candidate.name, "no_timing", label, rel_error=verdict.rel_error,
+                                 error=f"sample {seconds!r} is not a positive time")
+                    return
+                kept.append(seconds)
+                if self.limit is not None and seconds <= self.limit:
+                    in_bound += 1
+                    if in_bound >= rules.short_circuit_hits:
+                        self._finish(f"short-circuit: {candidate.name} within the roofline limit")
+                        break
+                if len(kept) >= rules.min_samples:
+                    if min(kept) > rules.prune_ratio * self._best and self._survivors() >= rules.keep_at_least:
+                        pruned = True
+                        break
+                    if statistics.median(kept) <= min(kept) * (1 + rules.stable_spread):
+                        break
+                if self.clock() > self.deadline:
+                    self._finish("budget")
+                    break
+        except Exception as err:  # noqa: BLE001
+            self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
+            return
+        self._best = min(self._best, min(kept)) if kept else self._best
+        self._record(candidate.name, "ok", label, samples=kept,
+                     score=statistics.median(kept) if kept else None, pruned=pruned,
+                     rel_error=verdict.rel_error)
+
+    def _survivors(self) -> int:
+        return sum(1 for r in self.results.values() if r.eligible)
+
+    def _finish(self, reason: str) -> None:
+        if not self.finished:
+            self.finished, self.finish_reason = True, reason
+
+    def _record(self, name: str, outcome: str, label: str, **fields) -> None:
+        self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
+                                             compile_seconds=self.compiles.seconds.get(name), **fields)

@@ -1,0 +1,146 @@
+"""Candidates: the kernels a key may be run with, and the sets they are built into.
+
+A ``Candidate`` is a unique name (encoding its parameters), a jax-traceable function
+``fn(lhs, rhs, problem) -> out`` on the canonical operands of a ``MatmulProblem``
+(lhs ``problem.lhs_shape``, rhs ``problem.rhs_shape``, out ``problem.out_shape`` in
+``problem.out_dtype``), the groups it belongs to with an in-group priority each, and
+``supports(device, key)`` (``DeviceInfo`` lives in ``tuning.device``). A ``CandidateSet``
+is built once per (platform, device kind) with ``CandidateSetBuilder``; XLA's own dot is
+always candidate 0, the baseline.
+
+    >>> builder = CandidateSetBuilder(platform="cpu", device_kind="cpu")
+    >>> fast = builder.group("native", priority=lambda key: 2)
+    >>> builder.add(Candidate("my_kernel", my_fn, params={"tile": 8}), fast, lambda key: 1)
+    >>> candidate_set = builder.build()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Callable, Mapping
+
+from jax_autotune.key import MatmulKey
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.device import DeviceInfo
+
+PriorityFn = Callable[[MatmulKey], int]
+KernelFn = Callable[[Any, Any, MatmulProblem], Any]
+
+
+def always(device: DeviceInfo, key: MatmulKey) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Candidate:
+    """A kernel that may be chosen for a key; ``name`` encodes its parameters."""
+
+    name: str
+    fn: KernelFn
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    supports: Callable[[DeviceInfo, MatmulKey], bool] = always
+    # a rough time estimate (seconds) used to order a round so the short-circuit fires early
+    cost: Callable[[MatmulProblem], float] | None = None
+
+    def signature(self) -> str:
+        """Name plus parameters: what the candidate-set checksum hashes."""
+        return f"{self.name}{json.dumps(dict(self.params), sort_keys=True, default=str)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A named group of candidates with a key -> priority function (negative: skip)."""
+
+    name: str
+    priority: PriorityFn
+    index: int  # declaration order: breaks ties between groups of equal priority
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+    candidate: str
+    group: str
+    priority: PriorityFn
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateSet:
+    platform: str
+    device_kind: str
+    candidates: tuple[Candidate, ...]
+    groups: tuple[Group, ...]
+    memberships: tuple[Membership, ...]
+
+    @property
+    def baseline(self) -> Candidate:
+        """Candidate 0: XLA's dot, the baseline of every round and what a key runs with
+        when nothing else is valid or allowed."""
+        return self.candidates[0]
+
+    def by_name(self, name: str) -> Candidate:
+        for candidate in self.candidates:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(f"no candidate named {name!r} in the {self.platform} candidate set")
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.candidates)
+
+    def checksum(self) -> str:
+        """Hash of every candidate's name and parameters: a changed set re-tunes."""
+        digest = hashlib.sha256()
+        for candidate in self.candidates:
+            digest.update(candidate.signature().encode())
+            digest.update(b"\0")
+        return digest.hexdigest()[:16]
+
+
+class CandidateSetBuilder:
+    """Builds a ``CandidateSet``; XLA's dot must be added first (it is candidate 0)."""
+
+    def __init__(self, platform: str, device_kind: str):
+        self.platform = platform
+        self.device_kind = device_kind
+        self._candidates: list[Candidate] = []
+        self._groups: list[Group] = []
+        self._memberships: list[Membership] = []
+
+    def group(self, name: str, priority: PriorityFn) -> Group:
+        if any(g.name == name for g in self._groups):
+            raise ValueError(f"group {name!r} is declared twice")
+        group = Group(name, priority, len(self._groups))
+        self._groups.append(group)
+        return group
+
+    def add(self, candidate: Candidate, *groups_and_priorities: Any) -> Candidate:
+        """Add ``candidate`` with (group, in-group priority fn) pairs, flat or as tuples.
+
+        ``builder.add(c, g1, p1, g2, p2)`` or ``builder.add(c, (g1, p1), (g2, p2))``.
+        """
+        if any(c.name == candidate.name for c in self._candidates):
+            raise ValueError(f"candidate name {candidate.name!r} is not unique")
+        pairs = _pairs(groups_and_priorities)
+        known = {g.name for g in self._groups}
+        for group, _ in pairs:
+            if group.name not in known:
+                raise ValueError(f"candidate {candidate.name!r}: unknown group {group.name!r}")
+        self._candidates.append(candidate)
+        for group, priority in pairs:
+            self._memberships.append(Membership(candidate.name, group.name, priority))
+        return candidate
+
+    def build(self) -> CandidateSet:
+        if not self._candidates:
+            raise ValueError("a candidate set needs at least the baseline (XLA's dot)")
+        return CandidateSet(self.platform, self.device_kind, tuple(self._candidates),
+                            tuple(self._groups), tuple(self._memberships))
+
+
+def _pairs(items: tuple[Any, ...]) -> list[tuple[Group, PriorityFn]]:
+    if all(isinstance(item, tuple) for item in items):
+        return [(g, p) for g, p in items]
+    if len(items) % 2:
+        raise ValueError("groups and priorities must come in (group, priority) pairs")
+    return [(items[i], items[i + 1]) for i in range(0, len(items), 2)]

@@ -1,0 +1,206 @@
+"""Correctness gating: every candidate's output is compared with a reference first.
+
+The reference is exact and computed on the host: the whole float64 result for CPU
+problems up to ``HOST_REFERENCE_MAX_MACS`` multiply-adds; else (and on accelerators) a
+``SampledReference``, the float64 values at up to 4 x 64 x 64 entries of the output,
+edge rows and columns included. A sampled check also compares the whole output with
+XLA's dot once that one has passed, so no part of the output goes unchecked.
+The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes.
+
+    >>> ref = reference(problem, lhs, rhs)
+    >>> check(out, ref, problem)
+    Check(ok=True, rel_error=3.1e-07, tolerance=2e-05)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_autotune.key import Precision
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.timing import DEVICE_LOCK, as_numpy
+
+HOST_REFERENCE_MAX_MACS = 2**31
+
+# tolerance by input dtype at each precision (norm-wise relative error)
+_INPUT_TOLERANCE = {
+    "float64": {Precision.DEFAULT: 1e-10, Precision.HIGH: 1e-10, Precision.HIGHEST: 1e-10},
+    # f32 DEFAULT and HIGH may use TF32 / bf16x3 on GPUs, as XLA does
+    "float32": {Precision.DEFAULT: 5e-3, Precision.HIGH: 5e-3, Precision.HIGHEST: 3e-5},
+    "float16": dict.fromkeys(Precision, 1e-2),
+    "bfloat16": dict.fromkeys(Precision, 3e-2),
+}
+# rounding of the result alone
+_OUTPUT_TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+_DEFAULT_FLOAT_TOLERANCE = 3e-2  # float8 and other narrow types
+
+
+def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
+    """Allowed norm-wise relative error; 0 for integer results (exact).
+
+    On the CPU, f32 at every precision is full fp32 (XLA:CPU has no TF32), so it gets
+    the HIGHEST tolerance there.
+    """
+    dtypes = (problem.lhs_dtype, problem.rhs_dtype)
+    if all(np.issubdtype(np.dtype(_np_name(d)), np.integer) for d in dtypes):
+        return 0.0
+    precision = Precision.HIGHEST if platform == "cpu" else problem.precision
+    by_input = max(_INPUT_TOLERANCE.get(d, {}).get(precision, _DEFAULT_FLOAT_TOLERANCE)
+                   for d in dtypes)
+    by_output = _OUTPUT_TOLERANCE.get(problem.out_dtype, _DEFAULT_FLOAT_TOLERANCE)
+    return max(by_input, by_output)
+
+
+def _np_name(dtype: str) -> str:
+    return "float32" if dtype in ("bfloat16",) or dtype.startswith("float8") else dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    ok: bool
+    rel_error: float
+    tolerance: float
+
+
+SAMPLE_SIZE = 64  # rows and columns of the output a sampled reference computes exactly
+SAMPLE_BATCHES = 4
+_SAMPLE_EDGE = 4  # first and last rows / columns always in the sample (partial tiles)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SampledReference:
+    """Exact (float64) values of the output at batches x rows x columns of it.
+
+    Edge rows and columns (where partial tiles and masks live) are always sampled; the
+    rest of the output is covered by comparing with XLA's dot once that has passed
+    (``check(..., trusted=...)``).
+    """
+
+    batches: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    values: np.ndarray  # (len(batches), len(rows), len(cols)), float64 or int64
+
+
+def _sample(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    if size <= count:
+        return np.arange(size)
+    edge = max(1, min(_SAMPLE_EDGE, count // 4))
+    edges = np.r_[0:edge, size - edge:size]
+    middle = rng.choice(np.arange(edge, size - edge), count - edges.size, replace=False)
+    return np.sort(np.r_[edges, middle])
+
+
+def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, cols=None):
+    """Host (batch, m, k) and (batch, k, n) copies in float64 (int64 for integers), of
+    the given batches, lhs rows and rhs columns only when those are given."""
+    wide = np.int64 if _integer(problem) else np.float64
+    a, b = as_numpy(lhs), as_numpy(rhs)
+    if batches is not None:
+        a, b = a[batches], b[batches]
+    a = np.swapaxes(a, -1, -2) if problem.transpose_a else a
+    b = np.swapaxes(b, -1, -2) if problem.transpose_b else b
+    if rows is not None:
+        a, b = a[:, rows, :], b[:, :, cols]
+    return a.astype(wide), b.astype(wide)
+
+
+def _integer(problem: MatmulProblem) -> bool:
+    return all(np.issubdtype(np.dtype(_np_name(d)), np.integer)
+               for d in (problem.lhs_dtype, problem.rhs_dtype))
+
+
+def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERENCE_MAX_MACS, seed: int = 0):
+    """The exact result of the problem, computed on the host: a float64 (int64 for
+    integers) numpy array for problems up to ``host_max_macs`` multiply-adds, else a
+    ``SampledReference`` (at most 4 x 64 x 64 entries). Accelerators pass
+    ``host_max_macs=0``: no device compile, a few milliseconds on the host.
+    """
+    macs = problem.batch * problem.m * problem.n * problem.k
+    if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
+        a, b = _wide_operands(problem, lhs, rhs)
+        return np.matmul(a, b)
+    rng = np.random.default_rng(seed)
+    batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
+    rows, cols = _sample(problem.m, SAMPLE_SIZE, rng), _sample(problem.n, SAMPLE_SIZE, rng)
+    a, b = _wide_operands(problem, lhs, rhs, batches, rows, cols)
+    return SampledReference(batches, rows, cols, np.matmul(a, b))
+
+
+def _device_summary(out, trusted, batches, rows, cols):
+    """The sampled entries of ``out``, ||out - trusted||, ||trusted|| and whether all of
+    ``out`` is finite, computed where ``out`` lives."""
+    wide = out.astype(jnp.float32)
+    picked = wide[batches][:, rows][:, :, cols]
+    diff = wide - trusted.astype(jnp.float32)
+    return (picked, jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(trusted.astype(jnp.float32).ravel()),
+            jnp.all(jnp.isfinite(wide)))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_summary(shape: tuple, dtype: str, sample: tuple, device):
+    index = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in sample]
+    out = jax.ShapeDtypeStruct(shape, dtype)
+    with jax.default_device(device):
+        return jax.jit(_device_summary).lower(out, out, *index).compile()
+
+
+def _summary_for(ref: SampledReference, out):
+    return _compiled_summary(tuple(out.shape), str(out.dtype),
+                             (ref.batches.size, ref.rows.size, ref.cols.size), _device_of(out))
+
+
+def prepare_check(problem: MatmulProblem, ref, device) -> None:
+    """Compile the comparison of ``problem``'s outputs on ``device`` ahead of the first
+    ``check`` (the tuner does it while XLA's dot compiles); nothing to do for full refs."""
+    if isinstance(ref, SampledReference):
+        _compiled_summary(problem.out_shape, problem.out_dtype,
+                          (ref.batches.size, ref.rows.size, ref.cols.size), device)
+
+
+def _device_of(x: jax.Array):
+    return next(iter(x.devices()))
+
+
+def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None) -> Check:
+    """Compare a candidate's output with the reference under the problem's tolerance.
+
+    With a ``SampledReference``, the sampled entries are compared with the exact values
+    and, when ``trusted`` (an output that passed, XLA's dot's) is given, the whole output
+    with it; the error is the larger of the two. A full reference is compared whole.
+    """
+    tol = tolerance(problem, platform)
+    expected_shape = problem.out_shape if isinstance(ref, SampledReference) else ref.shape
+    if tuple(out.shape) != tuple(expected_shape):
+        return Check(False, float("inf"), tol)
+    if isinstance(ref, SampledReference):
+        if not isinstance(out, jax.Array):
+            out = jnp.asarray(out)
+        summary = _summary_for(ref, out)
+        with DEVICE_LOCK.shared():
+            picked, diff, scale, finite = jax.device_get(summary(
+                out, out if trusted is None else trusted, ref.batches.astype(np.int32),
+                ref.rows.astype(np.int32), ref.cols.astype(np.int32)))
+        got, expected = np.asarray(picked, np.float64), ref.values
+        finite = bool(finite)
+        rel = _relative(float(np.linalg.norm((got - expected).ravel())),
+                        float(np.linalg.norm(expected.ravel().astype(np.float64))))
+        if trusted is not None:
+            rel = max(rel, _relative(float(diff), float(scale)))
+    else:
+        got = as_numpy(out).astype(ref.dtype)
+        finite = not np.issubdtype(got.dtype, np.floating) or bool(np.all(np.isfinite(got)))
+        rel = _relative(float(np.linalg.norm((got - ref).ravel().astype(np.float64))),
+                        float(np.linalg.norm(ref.ravel().astype(np.float64))))
+    if not finite:
+        return Check(False, float("nan"), tol)
+    return Check(rel <= tol, rel, tol)
+
+
+def _relative(diff: float, scale: float) -> float:
+    return diff / scale if scale > 0 else diff

@@ -1,0 +1,155 @@
+"""Decisions: the winner of a key and every candidate's result, as auditable JSON records.
+
+A ``Decision`` is what the tuner stores (SQLite value), logs (one JSON line per decision
+when ``JAX_AUTOTUNE_LOG_DECISIONS`` is set) and ships in tune tables.
+
+    >>> decision.winner, decision.result(decision.winner).score
+    ('native_gemm_avx2_6x16_t2', 0.0021)
+    >>> Decision.from_json(decision.to_json()) == decision
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from jax_autotune.key import MatmulKey
+from jax_autotune.problem import MatmulProblem
+
+OUTCOMES = ("ok", "compile_error", "resource_exhausted", "runtime_error", "wrong_result",
+            "no_timing", "skipped")
+SOURCES = ("tuned", "memory", "store", "table", "fallback")
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    """One candidate's fate while tuning one key.
+
+    ``samples`` are the kept timings in seconds (the first sample is discarded before
+    them); ``score`` is their median; ``pruned`` candidates (over the prune ratio after
+    the minimum samples) and those with any outcome but ``ok`` can never win.
+    """
+
+    name: str
+    outcome: str
+    round: str = ""
+    samples: tuple[float, ...] = ()
+    score: float | None = None
+    pruned: bool = False
+    rel_error: float | None = None
+    error: str = ""
+    compile_seconds: float | None = None  # wall time to compile (and calibrate) it
+
+    def __post_init__(self):
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+
+    @property
+    def eligible(self) -> bool:
+        return self.outcome == "ok" and not self.pruned and self.score is not None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["samples"] = list(self.samples)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CandidateResult":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    key: MatmulKey
+    problem: MatmulProblem  # the concrete problem the benchmark ran on
+    winner: str
+    results: tuple[CandidateResult, ...] = ()
+    bounds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    limit: float | None = None  # roofline time limit in seconds (None: no bound)
+    tuning_seconds: float = 0.0
+    timestamp: float = dataclasses.field(default_factory=time.time)
+    device: str = ""  # device fingerprint
+    checksum: str = ""  # of the candidate set it was chosen from
+    source: str = "tuned"
+    reason: str = ""  # why the winner is XLA's dot by default, when it is
+
+    def result(self, name: str) -> CandidateResult | None:
+        for result in self.results:
+            if result.name == name:
+                return result
+        return None
+
+    @property
+    def winner_seconds(self) -> float | None:
+        result = self.result(self.winner)
+        return result.score if result else None
+
+    def with_source(self, source: str) -> "Decision":
+        return dataclasses.replace(self, source=source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key.to_json(),
+            "key_string": self.key.canonical(),
+            "problem": self.problem.to_json(),
+            "winner": self.winner,
+            "results": [r.to_json() for r in self.results],
+            "bounds": self.bounds,
+            "limit": self.limit,
+            "tuning_seconds": self.tuning_seconds,
+            "timestamp": self.timestamp,
+            "device": self.device,
+            "checksum": self.checksum,
+            "source": self.source,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Decision":
+        """Inverse of ``to_json``; wrong types raise ValueError naming the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"decision: expected a JSON object, got {type(data).__name__}")
+        try:
+            key = MatmulKey.from_json(data["key"])
+            problem = MatmulProblem.from_json(data["problem"])
+            winner = data["winner"]
+            if not isinstance(winner, str):
+                raise ValueError(f"decision.winner: expected a string, got {winner!r}")
+            results = tuple(CandidateResult.from_json(r) for r in data.get("results", []))
+        except KeyError as err:
+            raise ValueError(f"decision: missing field {err.args[0]!r}") from err
+        except TypeError as err:
+            raise ValueError(f"decision: bad field types: {err}") from err
+        source = data.get("source", "store")
+        return cls(key=key, problem=problem, winner=winner, results=results,
+                   bounds=dict(data.get("bounds") or {}), limit=data.get("limit"),
+                   tuning_seconds=float(data.get("tuning_seconds", 0.0)),
+                   timestamp=float(data.get("timestamp", 0.0)), device=str(data.get("device", "")),
+                   checksum=str(data.get("checksum", "")),
+                   source=source if source in SOURCES else "store",
+                   reason=str(data.get("reason", "")))
+
+
+_log_lock = threading.Lock()
+
+
+def log_decision(decision: Decision, destination: str | None) -> None:
+    """Write the decision as one JSON line to ``stdout``, ``stderr`` or a file path."""
+    if destination is None:
+        return
+    line = json.dumps({"event": "jax_autotune.decision", **decision.to_json()}, sort_keys=True)
+    with _log_lock:
+        if destination == "stdout":
+            print(line, file=sys.stdout, flush=True)
+        elif destination == "stderr":
+            print(line, file=sys.stderr, flush=True)
+        else:
+            with open(destination, "a", encoding="utf-8") as f:
+                f.write(line + "\n")

@@ -1,0 +1,81 @@
+"""The tune plan: which candidates are benchmarked for a key, in which rounds.
+
+Rules (the reference's, plus two of ours, marked *):
+
+1. Groups whose priority for the key is negative are skipped; the rest run from high to
+   low priority. *Two groups with the same priority are never merged: they stay
+   separate rounds, in the order they were declared.*
+2. Inside a group, candidates whose in-group priority is negative are skipped; the
+   highest priority tier is the group's round; lower tiers are fallback rounds, tried
+   only if no candidate of the round before produced a valid result.
+3. Candidates the device cannot run (``supports`` is False) are demoted to the minimum
+   priority: they form one last round, so the plan is never empty.
+4. *XLA's dot (candidate 0) is the baseline of every round: it is measured once and
+   competes with each round's candidates, so the tuned matmul is never slower than
+   plain XLA.* A round counts as successful when one of its own candidates is valid.
+5. A candidate in several groups runs in the first round that reaches it only.
+
+    >>> rounds = make_plan(candidate_set, key, device).rounds
+    >>> [(r.group, r.tier, [c.name for c in r.candidates]) for r in rounds]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax_autotune.tuning.candidates import Candidate, CandidateSet
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.key import MatmulKey
+
+DEMOTED = "demoted"
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    group: str
+    tier: int  # the in-group priority of this tier (DEMOTED rounds: -1)
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}/{self.tier}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    baseline: Candidate
+    rounds: tuple[Round, ...]
+
+
+def make_plan(candidate_set: CandidateSet, key: MatmulKey, device: DeviceInfo) -> Plan:
+    """The rounds for ``key`` on ``device`` (see the module docstring for the rules)."""
+    baseline = candidate_set.baseline
+    by_name = {c.name: c for c in candidate_set.candidates}
+    groups = sorted(
+        ((g.priority(key), g.index, g) for g in candidate_set.groups),
+        key=lambda item: (-item[0], item[1]),
+    )
+    rounds: list[Round] = []
+    placed: set[str] = {baseline.name}
+    demoted: list[Candidate] = []
+    for group_priority, _, group in groups:
+        if group_priority < 0:
+            continue
+        tiers: dict[int, list[Candidate]] = {}
+        for member in candidate_set.memberships:
+            if member.group != group.name or member.candidate in placed:
+                continue
+            priority = member.priority(key)
+            if priority < 0:
+                continue
+            candidate = by_name[member.candidate]
+            placed.add(candidate.name)
+            if candidate.supports(device, key):
+                tiers.setdefault(priority, []).append(candidate)
+            else:
+                demoted.append(candidate)
+        for tier in sorted(tiers, reverse=True):
+            rounds.append(Round(group.name, tier, tuple(tiers[tier])))
+    if demoted:
+        rounds.append(Round(DEMOTED, -1, tuple(demoted)))
+    return Plan(baseline, tuple(rounds))

@@ -1,0 +1,420 @@
+"""The persistent tune store: tuning decisions and device throughput on disk (SQLite).
+
+One database file per environment, ``<cache_dir>/<environment>.db`` (see
+:func:`open_store`), holding one table::
+
+    CREATE TABLE entries (
+        namespace TEXT NOT NULL,   -- e.g. 'autotune/0.1.0/0.10.2/<device>/matmul'
+        key       TEXT NOT NULL,   -- the tune key, serialized by its owner
+        checksum  TEXT NOT NULL,   -- checksum of the candidate set; a new set misses
+        value     TEXT NOT NULL,   -- a JSON object (never pickle)
+        updated   REAL NOT NULL,   -- time.time() of the last write
+        PRIMARY KEY (namespace, key, checksum)
+    )
+
+Namespaces (built by :func:`decision_namespace` and :func:`throughput_namespace`):
+
+- ``autotune/<jax_autotune version>/<jax version>/<device fingerprint>/matmul`` — one row
+  per tuned key: the winner and every candidate's results, bounds and limit.
+- ``throughput/<jax_autotune version>/<device fingerprint>`` — the measured peaks and
+  launch overhead of one device, shared by all keys.
+
+The file is created (with its directory) on the first write, in WAL journal mode with a
+30 s busy timeout, so several processes and threads can read and write one database at
+once. The store never raises for disk trouble: if the database cannot be opened, read or
+written (read-only directory, a file that is not a database, a full disk ...), it emits one
+:class:`JaxAutotuneStoreWarning` naming the path and the error and from then on behaves as
+a memory-only store (reads miss, writes are dropped; the tuner's in-memory table keeps the
+decisions). A row whose value is not a JSON object is skipped, with one warning per store.
+
+    >>> import pathlib, tempfile
+    >>> from jax_autotune.tuning.store import TuneStore
+    >>> store = TuneStore(pathlib.Path(tempfile.mkdtemp()) / "default.db")
+    >>> store.put("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1", {"winner": "xla_dot"})
+    >>> store.get("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1")
+    {'winner': 'xla_dot'}
+    >>> store.get("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "other-checksum") is None
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jax_autotune import config
+from jax_autotune._version import __version__
+
+__all__ = [
+    "BUSY_TIMEOUT_SECONDS", "DecisionNamespace", "JaxAutotuneStoreWarning", "StoreEntry",
+    "TuneStore", "current_decision_prefix", "decision_namespace", "open_store",
+    "throughput_namespace",
+]
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    namespace TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    checksum  TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    updated   REAL NOT NULL,
+    PRIMARY KEY (namespace, key, checksum)
+)
+"""
+
+# Errors that mean "the disk store does not work"; anything else is a bug and propagates.
+_DISK_ERRORS = (sqlite3.Error, OSError)
+
+
+class JaxAutotuneStoreWarning(UserWarning):
+    """The tune store cannot use its database (or skipped a bad row); decisions stay in memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreEntry:
+    """One row of the store, with its value decoded from JSON.
+
+        >>> StoreEntry("throughput/0.1.0/cpu", "peaks", "v1", {"flops": 1e12}, 0.0).key
+        'peaks'
+    """
+
+    namespace: str
+    key: str
+    checksum: str
+    value: dict[str, Any]
+    updated: float
+
+
+def _check_fingerprint(device_fingerprint: str) -> str:
+    if not isinstance(device_fingerprint, str) or not device_fingerprint or "/" in device_fingerprint:
+        raise ValueError("device_fingerprint: expected a non-empty string without '/', "
+                         f"got {device_fingerprint!r}")
+    return device_fingerprint
+
+
+# The one home of the namespace formats: ``autotune/<version>/<jax>/<device>/matmul`` for
+# decisions, ``throughput/<version>/<device>`` for probe results.
+DECISIONS = "autotune"
+THROUGHPUT = "throughput"
+_TUNER_NAME = "matmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionNamespace:
+    """The parts of a decision namespace.
+
+        >>> DecisionNamespace.parse("autotune/0.1.0/0.10.2/cpu-x/matmul").device
+        'cpu-x'
+    """
+
+    version: str
+    jax_version: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{DECISIONS}/{self.version}/{self.jax_version}/{self.device}/{_TUNER_NAME}"
+
+    @classmethod
+    def parse(cls, namespace: str) -> "DecisionNamespace | None":
+        """The parts of ``namespace``, or None when it is not a decision namespace."""
+        parts = namespace.split("/")
+        if len(parts) != 5 or parts[0] != DECISIONS or parts[4] != _TUNER_NAME or not all(parts):
+            return None
+        return cls(parts[1], parts[2], parts[3])
+
+
+def decision_namespace(device_fingerprint: str) -> str:
+    """The namespace of matmul tuning decisions for this package, this jax and this device.
+
+        >>> decision_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
+        'autotune/0.1.0/0.10.2/cuda-NVIDIA_H200-139GiB/matmul'
+    """
+    return str(DecisionNamespace(__version__, jax.__version__, _check_fingerprint(device_fingerprint)))
+
+
+def current_decision_prefix() -> str:
+    """The prefix of every decision namespace of this package and jax version."""
+    return f"{DECISIONS}/{__version__}/{jax.__version__}/"
+
+
+def throughput_namespace(device_fingerprint: str) -> str:
+    """The namespace of a device's measured peaks and launch overhead (jax-independent).
+
+        >>> throughput_namespace("cpu-x86_64")   # doctest: +SKIP
+        'throughput/0.1.0/cpu-x86_64'
+    """
+    return f"{THROUGHPUT}/{__version__}/{_check_fingerprint(device_fingerprint)}"
+
+
+def _namespace_filter(namespace: str | None, namespace_prefix: str | None) -> tuple[str, tuple]:
+    """A WHERE clause (possibly empty) for an exact namespace or a namespace prefix."""
+    if namespace is not None and namespace_prefix is not None:
+        raise ValueError("give namespace or namespace_prefix, not both")
+    if namespace is not None:
+        return " WHERE namespace = ?", (namespace,)
+    if namespace_prefix is not None:
+        # substr, not LIKE: '_' and '%' are ordinary characters in namespaces.
+        return " WHERE substr(namespace, 1, ?) = ?", (len(namespace_prefix), namespace_prefix)
+    return "", ()
+
+
+class TuneStore:
+    """A (namespace, key, checksum) -> JSON object store in one SQLite file; never raises for
+    disk trouble (it warns once and becomes memory-only).
+
+        >>> store = TuneStore(None)            # memory-only: reads miss, writes are dropped
+        >>> store.put("ns", "k", "c", {"x": 1})
+        >>> store.get("ns", "k", "c") is None, store.available
+        (True, False)
+
+    Safe to share between threads (one connection behind a lock) and to use from several
+    processes on one file (WAL, busy timeout). A store inherited through ``fork`` opens its
+    own connection in the child.
+    """
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self._path: Path | None = None if path is None else Path(os.fspath(path))
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._failed = False
+        self._warned_failure = False
+        self._warned_bad_row = False
+
+    # -- properties ---------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        """The database file (None for a memory-only store)."""
+        return self._path
+
+    @property
+    def available(self) -> bool:
+        """Whether the disk is in use: False for a memory-only store or after a failure."""
+        return self._path is not None and not self._failed
+
+    def __repr__(self) -> str:
+        state = "memory-only" if not self.available else "on disk"
+        return f"TuneStore({str(self._path) if self._path else None!r}, {state})"
+
+    # -- connection handling ------------------------------------------------------------
+
+    def _connection(self, create: bool) -> sqlite3.Connection | None:
+        """The open connection; None if the store is memory-only or (for a read,
+        ``create=False``) the file does not exist yet. Raises a disk error on failure.
+        Call with the lock held."""
+        if self._path is None or self._failed:
+            return None
+        if self._conn is not None and self._pid != os.getpid():
+            self._conn = None  # inherited across fork: never use (or close) the parent's
+        if self._conn is not None:
+            return self._conn
+        if not create and not self._path.exists():
+            return None
+        if create:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            self._retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+            self._retry_locked(lambda: conn.execute(_SCHEMA))
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    @staticmethod
+    def _retry_locked(step, attempts: int = 50) -> Any:
+        """Run ``step``; retry briefly on 'database is locked' (switching to WAL while another
+        process creates the same file can report SQLITE_BUSY without waiting)."""
+        for attempt in range(attempts):
+            try:
+                return step()
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+
+    def _fail(self, err: BaseException) -> None:
+        """Fall back to memory-only, warning once. Call with the lock held."""
+        self._failed = True
+        if self._conn is not None:
+            try:
+                if self._pid == os.getpid():
+                    self._conn.close()
+            except _DISK_ERRORS:
+                pass
+            self._conn = None
+        if not self._warned_failure:
+            self._warned_failure = True
+            warnings.warn(f"jax_autotune: cannot use the tune store database {self._path}: "
+                          f"{type(err).__name__}: {err}. Tuning decisions stay in memory for "
+                          f"this process (they will be re-tuned next time).",
+                          JaxAutotuneStoreWarning, stacklevel=3)
+
+    def _decode(self, namespace: str, key: str, checksum: str, text: Any) -> dict | None:
+        """The row's value as a dict, or None (with one warning per store) if it is not a
+        JSON object."""
+        try:
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+            return value
+        except (TypeError, ValueError) as err:
+            if not self._warned_bad_row:
+                self._warned_bad_row = True
+                warnings.warn(f"jax_autotune: skipping a bad row in the tune store database "
+                              f"{self._path} (namespace={namespace!r}, key={key!r}, "
+                              f"checksum={checksum!r}): {err}. That entry is treated as "
+                              f"missing; decisions stay in memory until it is re-tuned.",
+                              JaxAutotuneStoreWarning, stacklevel=3)
+            return None
+
+    # -- API ----------------------------------------------------------------------------
+
+    def get(self, namespace: str, key: str, checksum: str) -> dict | None:
+        """The stored value, or None (missing, other checksum, memory-only, bad row).
+
+            >>> store.get("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1")  # doctest: +SKIP
+            {'winner': 'xla_dot'}
+        """
+        with self._lock:
+            try:
+                conn = self._connection(create=False)
+                if conn is None:
+                    return None
+                row = conn.execute("SELECT value FROM entries WHERE namespace = ? AND key = ? "
+                                   "AND checksum = ?", (namespace, key, checksum)).fetchone()
+            except _DISK_ERRORS as err:
+                self._fail(err)
+                return None
+            if row is None:
+                return None
+            return self._decode(namespace, key, checksum, row[0])
+
+    def put(self, namespace: str, key: str, checksum: str, value: dict) -> None:
+        """Store ``value`` (a JSON-serializable dict) under (namespace, key, checksum),
+        replacing any earlier value. Raises TypeError/ValueError only for a value that is not
+        a JSON-serializable dict (a caller bug, also checked when memory-only).
+
+            >>> store.put("throughput/0.1.0/cpu", "peaks", "v1", {"flops": 1e12})  # doctest: +SKIP
+        """
+        if not isinstance(value, dict):
+            raise TypeError(f"value: expected a dict, got {type(value).__name__}")
+        text = json.dumps(value, sort_keys=True)
+        with self._lock:
+            try:
+                conn = self._connection(create=True)
+                if conn is None:
+                    return
+                conn.execute("INSERT OR REPLACE INTO entries (namespace, key, checksum, value, "
+                             "updated) VALUES (?, ?, ?, ?, ?)",
+                             (namespace, key, checksum, text, time.time()))
+            except _DISK_ERRORS as err:
+                self._fail(err)
+
+    def delete(self, namespace: str | None = None, *, namespace_prefix: str | None = None) -> int:
+        """Remove the rows of one namespace, of every namespace starting with a prefix, or
+        (neither given) all rows; returns how many were removed.
+
+            >>> store.delete(namespace_prefix="autotune/0.1.0/")  # doctest: +SKIP
+            12
+        """
+        where, params = _namespace_filter(namespace, namespace_prefix)
+        with self._lock:
+            try:
+                conn = self._connection(create=False)
+                if conn is None:
+                    return 0
+                return conn.execute("DELETE FROM entries" + where, params).rowcount
+            except _DISK_ERRORS as err:
+                self._fail(err)
+                return 0
+
+    def entries(self, namespace: str | None = None, *,
+                namespace_prefix: str | None = None) -> list[StoreEntry]:
+        """The rows of one namespace, of a namespace prefix, or all rows, ordered by
+        (namespace, key, checksum); rows whose value is not a JSON object are skipped.
+
+            >>> [e.key for e in store.entries("throughput/0.1.0/cpu")]  # doctest: +SKIP
+            ['peaks']
+        """
+        where, params = _namespace_filter(namespace, namespace_prefix)
+        with self._lock:
+            try:
+                conn = self._connection(create=False)
+                if conn is None:
+                    return []
+                rows = conn.execute("SELECT namespace, key, checksum, value, updated FROM entries"
+                                    + where + " ORDER BY namespace, key, checksum",
+                                    params).fetchall()
+            except _DISK_ERRORS as err:
+                self._fail(err)
+                return []
+            result = []
+            for ns, key, checksum, text, updated in rows:
+                value = self._decode(ns, key, checksum, text)
+                if value is not None:
+                    result.append(StoreEntry(ns, key, checksum, value, float(updated)))
+            return result
+
+    def namespaces(self) -> list[str]:
+        """The distinct namespaces present, sorted.
+
+            >>> store.namespaces()  # doctest: +SKIP
+            ['autotune/0.1.0/0.10.2/cpu/matmul', 'throughput/0.1.0/cpu']
+        """
+        with self._lock:
+            try:
+                conn = self._connection(create=False)
+                if conn is None:
+                    return []
+                return [row[0] for row in conn.execute(
+                    "SELECT DISTINCT namespace FROM entries ORDER BY namespace")]
+            except _DISK_ERRORS as err:
+                self._fail(err)
+                return []
+
+    def close(self) -> None:
+        """Close the connection (idempotent); a later call reopens it."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                try:
+                    conn.close()
+                except _DISK_ERRORS:
+                    pass
+
+    def __enter__(self) -> TuneStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_store() -> TuneStore:
+    """The store the configuration asks for: memory-only if ``cache`` is off, else
+    ``<cache_dir>/<environment>.db``.
+
+        >>> from jax_autotune import config
+        >>> config.update("cache", False)
+        >>> open_store().available
+        False
+        >>> config.update("cache", None)
+    """
+    if not config.get("cache"):
+        return TuneStore(None)
+    return TuneStore(Path(config.get("cache_dir")) / f"{config.get('environment')}.db")

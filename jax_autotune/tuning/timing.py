@@ -1,0 +1,270 @@
+"""Timing behind one interface: a ``Timer`` prepares (compiles) a candidate, then samples it.
+
+* ``WallClockTimer`` (CPU, and the GPU fallback): host clock around one executable; for
+  small problems the executable repeats the matmul ``reps`` times in a loop, each
+  iteration depending on the last, so dispatch is amortised and nothing is hoisted.
+* ``DeviceTimer`` (GPU): kernel time on the device through JAX's CUPTI profiler
+  (``jax.experimental.mosaic.gpu.profiler.measure``); falls back to the wall clock.
+* Tests inject their own ``Timer`` with scripted samples (see tests/fakes.py).
+
+    >>> timer = WallClockTimer()
+    >>> measurement = timer.prepare(candidate, problem, (lhs, rhs))
+    >>> out = measurement.output()           # also the warm-up
+    >>> seconds = measurement.sample()       # one sample, seconds per matmul
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_autotune.tuning import counters
+from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.problem import MatmulProblem
+
+
+class Measurement(Protocol):
+    def output(self) -> Any:
+        """Run once and return the result (a jax or numpy array)."""
+
+    def sample(self) -> float:
+        """One timed sample: seconds per matmul."""
+
+
+class Timer(Protocol):
+    name: str
+    measures_device_time: bool  # True: host work (compiles in other threads) cannot skew it
+
+    def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
+        """Compile ``candidate`` for ``args``; raises what the compiler raises."""
+
+
+class DeviceLock:
+    """Keeps every timing on the device alone there.
+
+    Two things time kernels while tuning: a CUPTI measurement (which also records every
+    kernel the process runs meanwhile) and XLA's GEMM autotuner, which runs and times
+    candidate kernels while it compiles a dot. Each holds the lock ``exclusive()``, so
+    neither sees the other's kernels or shares the device with them. Anything else that
+    runs kernels (a reference, a correctness check, a warm-up run) holds it ``shared()``
+    and may overlap the rest. A waiting exclusive holder goes before new shared ones.
+
+        >>> with DEVICE_LOCK.exclusive():
+        ...     times = measure(compiled)(lhs, rhs)
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive holders waiting
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+DEVICE_LOCK = DeviceLock()
+
+
+def runs_kernels_while_compiling(lowered) -> bool:
+    """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device
+    (the module holds an XLA dot; Pallas kernels are custom calls and hold none)."""
+    return "dot_general" in lowered.as_text()
+
+
+def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
+    """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
+    lowered = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args)
+    if runs_kernels_while_compiling(lowered):
+        with DEVICE_LOCK.exclusive():
+            compiled = lowered.compile()
+    else:
+        compiled = lowered.compile()
+    counters.bump("candidate_compiles")
+    return compiled
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+class _WallClockMeasurement:
+    def __init__(self, looped, reps: int, args: tuple, clock):
+        self.looped, self.reps, self.args, self.clock = looped, reps, args, clock
+
+    def output(self):
+        counters.bump("candidate_runs")
+        return _block(self.looped(*self.args, np.int32(1)))
+
+    def sample(self) -> float:
+        return self.time(self.reps) / self.reps
+
+    def time(self, reps: int) -> float:
+        start = self.clock()
+        _block(self.looped(*self.args, np.int32(reps)))
+        counters.bump("candidate_runs", reps)
+        return self.clock() - start
+
+
+class WallClockTimer:
+    """Host clock around one executable that runs the candidate ``reps`` times, so that one
+    sample lasts about ``target_seconds`` (at most ``max_reps`` matmuls) and dispatch is
+    amortised; ``reps`` is calibrated once per candidate from runs of 1 and, when one run
+    is shorter than the target, of 16."""
+
+    name = "wall_clock"
+    measures_device_time = False
+
+    def __init__(self, target_seconds: float = 2e-3, max_reps: int = 1000, clock=time.perf_counter):
+        self.target_seconds, self.max_reps, self.clock = target_seconds, max_reps, clock
+
+    def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
+        looped = compile_repeated(candidate.fn, problem, args)
+        measurement = _WallClockMeasurement(looped, 1, args, self.clock)
+        measurement.time(1)  # first run: page-in, thread-pool start
+        once = measurement.time(1)
+        if once < self.target_seconds:
+            per_rep = max((measurement.time(16) - once) / 15, 1e-8)
+            measurement.reps = int(min(self.max_reps, math.ceil(self.target_seconds / per_rep)))
+        return measurement
+
+
+def compile_repeated(fn, problem, args: tuple):
+    """``executable(lhs, rhs, reps)``: ``fn`` run ``reps`` times in one loop, returning the
+    last output. The operands pass through an optimization barrier in each iteration, so
+    XLA cannot hoist the loop-invariant matmul out of the loop, at no runtime cost."""
+
+    def run(lhs, rhs, reps):
+        def body(_, carry):
+            lhs, rhs, _ = carry
+            lhs, rhs = lax.optimization_barrier((lhs, rhs))
+            return lhs, rhs, fn(lhs, rhs, problem)
+
+        out = jax.eval_shape(lambda a, b: fn(a, b, problem), lhs, rhs)
+        return lax.fori_loop(0, reps, body, (lhs, rhs, jnp.zeros(out.shape, out.dtype)))[2]
+
+    compiled = jax.jit(run).lower(*args, np.int32(1)).compile()
+    counters.bump("candidate_compiles")
+    return compiled
+
+
+class _DeviceMeasurement:
+    reps = 1
+
+    def __init__(self, compiled, args, measure, batch: int):
+        self.compiled, self.args, self.measure, self.batch = compiled, args, measure, batch
+        self._buffer: list[float | None] = []
+
+    def output(self):
+        counters.bump("candidate_runs")
+        with DEVICE_LOCK.shared():
+            return _block(self.compiled(*self.args))
+
+    def sample(self) -> float | None:
+        """Device time of one run; None when the profiler saw no kernel.
+
+        Runs are profiled ``batch`` at a time in one CUPTI session and served one by one.
+        """
+        if not self._buffer:
+            counters.bump("candidate_runs", self.batch + 1)  # + the profiler's warm-up run
+            with DEVICE_LOCK.exclusive():
+                _, milliseconds = self.measure(self.compiled, iterations=self.batch)(*self.args)
+            if milliseconds is None:
+                milliseconds = [None] * self.batch
+            elif not isinstance(milliseconds, (list, tuple)):
+                milliseconds = [milliseconds]
+            self._buffer = [None if ms is None else ms * 1e-3 for ms in milliseconds]
+        return self._buffer.pop(0)
+
+
+class DeviceTimer:
+    """GPU kernel time on the device from JAX's CUPTI profiler (every kernel the
+    executable launches, summed; launch gaps excluded). CUPTI stays attached between
+    measurements, and runs are profiled ``batch`` at a time."""
+
+    name = "device_cupti"
+    measures_device_time = True  # host load (e.g. compiles in other threads) does not skew it
+
+    def __init__(self, batch: int = 12):
+        from jax.experimental.mosaic.gpu import profiler
+        self.batch = batch
+        try:
+            self._measure = profiler.Cupti(finalize=False).measure
+        except (AttributeError, TypeError):  # no Cupti class: one session per call
+            self._measure = profiler.measure
+
+    def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
+        compiled = compile_candidate(candidate, problem, args)
+        return _DeviceMeasurement(compiled, args, self._measure, self.batch)
+
+
+def timer_for(platform: str) -> Timer:
+    """The best timer for ``platform``: CUPTI device time on GPU, else the wall clock."""
+    if platform in ("gpu", "cuda", "rocm"):
+        try:
+            return DeviceTimer()
+        except Exception:  # noqa: BLE001 - no profiler here: fall back to the host clock
+            return WallClockTimer()
+    return WallClockTimer()
+
+
+RANDOM_PERIOD = 1_048_573  # a prime: operands larger than this repeat a random block
+
+
+def _host_draw(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    dtype = jnp.dtype(dtype)
+    size = min(math.prod(shape), RANDOM_PERIOD)
+    if jnp.issubdtype(dtype, jnp.integer):
+        block = rng.integers(1, 8, size).astype(dtype)
+    elif jnp.issubdtype(dtype, jnp.bool_):
+        block = np.ones(size, dtype)
+    else:
+        block = rng.standard_normal(size, np.float32).astype(dtype)
+    return np.resize(block, shape)
+
+
+def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
+    """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
+
+    Drawn on the host, so nothing is compiled: up to ``RANDOM_PERIOD`` elements are
+    independent draws; a larger operand repeats that block, and since the period is prime
+    every row still starts at a different point of it.
+    """
+    rng = np.random.default_rng(seed)
+    specs = ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))
+    return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device)) for shape, dtype in specs)
+
+
+def as_numpy(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x))
