@@ -208,7 +208,7 @@ def experiment_cases():
     from jax_autotune.kernels.gpu.packed import packed_gemm
     from jax_autotune.kernels.gpu.padded import padded
     from jax_autotune.kernels.gpu.triton import GemmConfig, gemm
-    from jax_autotune.kernels.gpu.xla_variants import xla_split_k, xla_transposed
+    from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 
     def g(bm, bn, bk, w, s, sk=1):
         return GemmConfig(bm, bn, bk, 8, w, s, sk)
@@ -219,9 +219,6 @@ def experiment_cases():
     def pk(cfg, k_major):
         return (f"packed_{'kmajor' if k_major else 'asis'}_{cfg.name}",
                 lambda a, b, p, c=cfg: packed_gemm(a, b, p, c, k_major=k_major))
-
-    def sk(s):
-        return (f"xla_split_k{s}", xla_split_k(s))
 
     xt = ("xla_transposed", xla_transposed)
     pad8 = ("padded_xla_dot_a8", padded(xla_dot, 8))
@@ -242,7 +239,7 @@ def experiment_cases():
         (P(8192, 8192, 128, f), [pk(c, True) for c in (
             g(128, 128, 32, 4, 3), g(128, 256, 32, 8, 3), g(256, 128, 32, 8, 3),
             g(128, 128, 64, 4, 2), g(128, 256, 64, 8, 2))] + [xt]),
-        (P(128, 8192, 8192, f), [sk(2), sk(4), sk(8), xt]),
+        (P(128, 8192, 8192, f), [xt]),
         (P(1025, 1025, 1025, b), [pk(c, False) for c in bf16_medium] + [pad8, xt]),
         (P(8192, 8192, 128, b), [tri(c) for c in (
             g(128, 256, 64, 8, 2), g(256, 128, 64, 8, 2), g(128, 128, 64, 4, 2),
@@ -250,20 +247,24 @@ def experiment_cases():
         (P(1000, 1000, 1000, b), [tri(c) for c in bf16_medium]
          + [pk(g(128, 64, 64, 4, 4), False), pk(g(64, 128, 64, 4, 4), False), xt]),
         (P(768, 768, 768, b), [tri(c) for c in bf16_medium] + [tri(g(64, 128, 64, 4, 3, 2)), xt]),
-        (P(128, 8192, 8192, b), [sk(2), sk(4), tri(g(128, 64, 64, 4, 4)),
+        (P(128, 8192, 8192, b), [tri(g(128, 64, 64, 4, 4)),
                                  tri(g(64, 128, 64, 4, 4)), tri(g(128, 128, 64, 8, 4, 2))]),
         (P(16, 8192, 8192, b), [tri(g(16, 64, 128, 4, 4)), tri(g(16, 128, 128, 4, 4)),
-                                tri(g(16, 64, 256, 4, 3)), sk(2)]),
+                                tri(g(16, 64, 256, 4, 3))]),
         (P(1000, 1000, 1000, f, "HIGHEST"), [pk(g(64, 128, 32, 4, 4), True)]),
     ]
 
 
 def experiment_cases_2():
-    """Round 2: XLA-level variants (fast to compile) next to round 1's winners."""
+    """Round 2: XLA-level variants (fast to compile) next to round 1's winners.
+
+    The split-K and explicit-algorithm XLA variants of that run lost on every shape
+    (benchmarks/results/gpu_kernels_2026-11-29-perf-pass.md) and were removed.
+    """
     from jax_autotune.kernels.gpu.packed import packed_gemm
     from jax_autotune.kernels.gpu.padded import padded
     from jax_autotune.kernels.gpu.triton import GemmConfig, gemm
-    from jax_autotune.kernels.gpu.xla_variants import xla_algorithm, xla_split_k, xla_transposed
+    from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 
     def P(m, n, k, dt, prec="DEFAULT"):
         return MatmulProblem(1, m, n, k, dt, dt, dt, precision=prec)
@@ -271,27 +272,19 @@ def experiment_cases_2():
     def pb(align, fn=xla_dot, tag=""):
         return (f"padded_xla_dot{tag}_a{align}_barrier", padded(fn, align, barrier=True))
 
-    def sk(s, t=False):
-        return (f"xla_split_k{s}{'_transposed' if t else ''}", xla_split_k(s, t))
-
-    al, xt = ("xla_algorithm", xla_algorithm), ("xla_transposed", xla_transposed)
+    xt = ("xla_transposed", xla_transposed)
     best_1025 = GemmConfig(128, 128, 64, 8, 8, 3)
     f, b = "float32", "bfloat16"
     return [
-        (P(1025, 1025, 1025, f), [pb(8), pb(32), pb(64), pb(64, xla_transposed, "_T"), al]),
-        (P(1025, 1025, 1025, b), [pb(8), pb(64), al, ("packed_asis_" + best_1025.name,
+        (P(1025, 1025, 1025, f), [pb(8), pb(32), pb(64), pb(64, xla_transposed, "_T")]),
+        (P(1025, 1025, 1025, b), [pb(8), pb(64), ("packed_asis_" + best_1025.name,
             lambda x, y, p: packed_gemm(x, y, p, best_1025, k_major=False))]),
-        (P(128, 8192, 8192, f), [xt, sk(2, True), sk(4, True), al]),
-        (P(1000, 1000, 1000, f), [al, sk(2), sk(2, True), pb(64)]),
-        (P(768, 768, 768, f), [al, sk(2), sk(2, True)]),
-        (P(8192, 8192, 128, f), [al]),
-        (P(8192, 8192, 128, b), [al]),
-        (P(128, 8192, 8192, b), [al, xt, sk(2, True)]),
-        (P(16, 8192, 8192, b), [al, xt, ("triton_gemm_bm16_bn64_bk256_g8_w4_s3",
+        (P(128, 8192, 8192, f), [xt]),
+        (P(1000, 1000, 1000, f), [pb(64)]),
+        (P(128, 8192, 8192, b), [xt]),
+        (P(16, 8192, 8192, b), [xt, ("triton_gemm_bm16_bn64_bk256_g8_w4_s3",
             lambda x, y, p: gemm(x, y, p, GemmConfig(16, 64, 256, 8, 4, 3)))]),
-        (P(1000, 1000, 1000, b), [al, sk(2), sk(2, True)]),
-        (P(768, 768, 768, b), [al]),
-        (P(16, 8192, 8192, f), [al, xt]),
+        (P(16, 8192, 8192, f), [xt]),
     ]
 
 

@@ -221,7 +221,7 @@ def test_a_candidate_wrong_off_the_sample_fails_against_xla_dots_whole_output():
     timer = FakeTimer({"xla_dot": [2.0], "off_sample": [1.0]}, real_outputs=True)
     b = KeyBenchmark(problem, (lhs, rhs), ref, timer, limit=None, platform="cpu")
     b.run_round(fake_candidate("xla_dot"), [off_sample])
-    b.close()
+    b.compiles.close()
     assert b.results["xla_dot"].outcome == "ok"
     assert b.results["off_sample"].outcome == "wrong_result"
     assert b.winner(baseline="xla_dot") == "xla_dot"

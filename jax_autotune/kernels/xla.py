@@ -1,4 +1,5 @@
-"""XLA's own dot as a candidate: the fallback, the baseline, and what outputs are compared with.
+"""XLA's own dot as a candidate: the baseline of every round, what a key runs with when
+nothing else is valid (a *fallback* decision), and what outputs are compared with.
 
     >>> from jax_autotune.kernels.xla import XLA_DOT, xla_dot
     >>> out = xla_dot(lhs, rhs, problem)   # (batch, m, n) in problem.out_dtype

@@ -151,10 +151,6 @@ class KeyBenchmark:
             self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
         return any(self.results[c.name].outcome == "ok" for c in candidates)
 
-    def close(self) -> None:
-        """Wait for compiles still running (after a short-circuit or the budget)."""
-        self.compiles.close()
-
     def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
                    wait_for_all: bool) -> None:
         if self.finished:

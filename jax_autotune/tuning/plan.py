@@ -6,7 +6,7 @@ Rules (the reference's, plus two of ours, marked *):
    low priority. *Two groups with the same priority are never merged: they stay
    separate rounds, in the order they were declared.*
 2. Inside a group, candidates whose in-group priority is negative are skipped; the
-   highest priority tier is the group's round; lower tiers are fallback rounds, tried
+   highest priority tier is the group's round; lower tiers are later rounds, tried
    only if no candidate of the round before produced a valid result.
 3. Candidates the device cannot run (``supports`` is False) are demoted to the minimum
    priority: they form one last round, so the plan is never empty.

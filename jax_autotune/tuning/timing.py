@@ -1,10 +1,10 @@
 """Timing behind one interface: a ``Timer`` prepares (compiles) a candidate, then samples it.
 
-* ``WallClockTimer`` (CPU, and the GPU fallback): host clock around one executable; for
+* ``WallClockTimer`` (CPU, and GPUs without a profiler): host clock around one executable; for
   small problems the executable repeats the matmul ``reps`` times in a loop, each
   iteration depending on the last, so dispatch is amortised and nothing is hoisted.
 * ``DeviceTimer`` (GPU): kernel time on the device through JAX's CUPTI profiler
-  (``jax.experimental.mosaic.gpu.profiler.measure``); falls back to the wall clock.
+  (``jax.experimental.mosaic.gpu.profiler.measure``); the wall clock where it is missing.
 * Tests inject their own ``Timer`` with scripted samples (see tests/fakes.py).
 
     >>> timer = WallClockTimer()
@@ -234,7 +234,7 @@ def timer_for(platform: str) -> Timer:
     if platform in ("gpu", "cuda", "rocm"):
         try:
             return DeviceTimer()
-        except Exception:  # noqa: BLE001 - no profiler here: fall back to the host clock
+        except Exception:  # noqa: BLE001 - no profiler here: the host clock
             return WallClockTimer()
     return WallClockTimer()
 

@@ -22,8 +22,8 @@ SIMD tier. All need lhs, rhs and out dtypes equal and float32 or float64; avx2 n
 Plan rules, on the (bucketed) key; "tiny" means m, n and k <= 32, "1-dim" means m == 1
 or n == 1 (kinds MatVec, VecMat, InnerProduct, ScalarVec, VecScalar, ScalarProduct).
 Groups run from the highest priority down and tuning stops at the first round with a
-valid result, so the first group holds every candidate worth comparing; later groups are
-fallbacks. XLA's dot joins every round.
+valid result, so the first group holds every candidate worth comparing; later groups run
+only when every candidate before them failed. XLA's dot joins every round.
 
 =====================================  =====================================================
 key                                    groups in order (group priority)

@@ -1,6 +1,6 @@
 """The GPU candidate set: XLA's dot, Mosaic GPU wgmma and Pallas Triton kernels.
 
-    >>> from jax_autotune.tuning.device import DeviceInfo
+    >>> from jax_autotune.tuning.device import H200_SM_COUNT, DeviceInfo
     >>> h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
     >>> candidate_set = gpu_candidate_set(h200)
     >>> candidate_set.baseline.name
@@ -12,7 +12,7 @@ its top in-group tier run (1-5 of them, next to XLA's dot). The predicates below
 the key's bucketed sizes; "narrow" is min(m, n); "half" is bf16/f16, "tf32" is f32 at
 Precision.DEFAULT.
 
-| group        | group priority                                              | top tier (in-group 2; the rest are 1)          |
+| group        | group priority                                              | top tier (in-group 2; lower tiers are 1)       |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
 | padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot on operands zero-padded to 8; half:  |
 |              | (stride factor < 4: k = 1025 and the like)                  | + 2 packed Triton GEMMs (k padded to block_k,  |
@@ -43,13 +43,14 @@ import functools
 import numpy as np
 
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
-from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.device import H200_SM_COUNT, DeviceInfo
 from jax_autotune.kernels.gpu import mosaic
 from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
 from jax_autotune.kernels.gpu.padded import padded, padded_problem
+from jax_autotune.kernels.gpu.sizes import cdiv, round_up
 from jax_autotune.kernels.gpu.triton import (
-    GemmConfig, VectorConfig, cdiv, gemm, shared_memory_bytes, split_k_extent, tile_count,
+    GemmConfig, VectorConfig, gemm, shared_memory_bytes, split_k_extent, tile_count,
     vector_matmul,
 )
 from jax_autotune.key import Kind, Layout, MatmulKey, Precision, Scale
@@ -57,12 +58,12 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.xla import XLA_DOT, xla_dot
 
-TOP, FALLBACK, SKIP = 2, 1, -1
+TOP, LOWER, SKIP = 2, 1, -1  # in-group tiers: the round, the tier tried if it all fails, none
 HALF = ("bfloat16", "float16")
 FLOAT = HALF + ("float32",)
 
-# rough H200 figures for the cost model (see shared/baselines/h200.md)
-_NUM_SMS = 132
+# rough H200 figures for the cost model, which only orders a round (the SM count comes
+# from the device)
 _PEAK_FLOPS = {"half": 790e12, "tf32": 400e12, "fp32": 50e12}
 _BANDWIDTH = 4.3e12
 _LAUNCH_S = 3e-6
@@ -75,8 +76,8 @@ def _g(bm, bn, bk, w, s, sk=1, g=8) -> GemmConfig:
                       num_stages=s, split_k=sk)
 
 
-# triton_gemm: profile -> configs; profile = (dtype class, size class). Pruned with the
-# H200 probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
+# triton_gemm: profile -> configs; profile = (dtype class, size class), pruned by the H200
+# kernel probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
 # tiled GEMM on the operands as stored.
 GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
     ("half", "medium"): (_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(128, 64, 64, 4, 4),
@@ -87,10 +88,10 @@ GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
 }
 
 # f32 at DEFAULT (TF32) runs the GEMM on operands packed K-major (``gpu.packed``): wgmma
-# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs
-# (43.7 us as stored against 18.6 us packed at 768^3 on the H200). Still 1.7-2x behind
-# XLA's cuBLAS there, so one or two configs per profile; f32 HIGH/HIGHEST (Triton's
-# ieee dot, on the CUDA cores) lost 3x to XLA and gets no Triton round at all.
+# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs. It
+# still trails XLA's cuBLAS, so one or two configs per profile; f32 HIGH/HIGHEST
+# (Triton's ieee dot, on the CUDA cores) lost to XLA everywhere and gets no Triton round
+# (benchmarks/results/gpu_kernels_2026-11-29-perf-pass.md).
 F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
     "medium": (_g(64, 64, 64, 4, 3), _g(64, 64, 32, 4, 4)),
     "small_k": (_g(128, 128, 32, 4, 3),),
@@ -99,7 +100,7 @@ F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
 
 # split_k: half precision only (an f32 rhs as stored is not pipelined, see above); next
 # to them XLA's dot of the transposed problem, C^T = B^T A^T, for every dtype: cuBLAS
-# then picks another kernel, 79 us against 134 us at f32 128x8192x8192 on the H200.
+# then picks another kernel, which won at f32 128x8192x8192.
 SPLIT_K_CONFIGS = (_g(128, 128, 64, 8, 4, sk=2), _g(128, 64, 64, 4, 3, sk=2),
                    _g(64, 64, 64, 4, 3, sk=4))
 
@@ -113,8 +114,8 @@ def skinny_config(side: str, narrow: int, wide: int, bk: int, stages: int, sk: i
     return _g(bm, bn, bk, 4, stages, sk)
 
 
-# on an H200 narrow output blocks with long k steps won (bn32_bk512 10.3 us against 69 us
-# for bn256_bk64 at 1x4096x4096 bf16); XLA's dot is at the memory floor there anyway
+# vector kernels: narrow output blocks with long k steps (wide blocks starve the SMs of
+# work at m == 1); XLA's dot is at the memory floor there anyway
 VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
 
 MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
@@ -122,8 +123,8 @@ MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64,
 
 # padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
 # the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
-# into the unpadded result (16.4 us against 18.6 padded XLA, 31.2 XLA at bf16 1025^3).
-# XLA padded to 64 was never better than to 8 (31.0/19.4 against 30.4/18.6 us).
+# into the unpadded result (no slice copy). Padding XLA's dot to 64 was never better than
+# to 8.
 PADDED_XLA_ALIGN = 8
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
@@ -186,17 +187,6 @@ def mosaic_shape(key: MatmulKey) -> bool:
 
 # ---------------------------------------------------------------- supports
 
-_SHARED_MEMORY = {(9, 0): 232_448, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
-                  (8, 9): 101_376}
-
-
-def shared_memory_limit(device: DeviceInfo) -> int:
-    cc = device.compute_capability or (0, 0)
-    if cc >= (9, 0):
-        return _SHARED_MEMORY[(9, 0)]
-    return _SHARED_MEMORY.get(cc, 49_152)
-
-
 def _triton_device_ok(device: DeviceInfo, key: MatmulKey) -> bool:
     cc = device.compute_capability
     return (device.platform == "gpu" and cc is not None and cc >= (8, 0)
@@ -209,7 +199,7 @@ def gemm_supports(config: GemmConfig):
     def supports(device: DeviceInfo, key: MatmulKey) -> bool:
         itemsize = np.dtype(key.lhs_dtype).itemsize
         return (_triton_device_ok(device, key)
-                and shared_memory_bytes(config, itemsize) <= shared_memory_limit(device))
+                and shared_memory_bytes(config, itemsize) <= device.shared_memory_limit)
     return supports
 
 
@@ -225,7 +215,7 @@ def mosaic_supports(config: MosaicConfig):
                 and mosaic.AVAILABLE and mosaic_shape(key)
                 and 2 ** key.rhs_stride_factor >= config.cta_tile[1] * itemsize
                 and 2 ** key.lhs_stride_factor >= config.tile_k * itemsize
-                and mosaic.fits_shared_memory(config, key.lhs_dtype))
+                and mosaic.fits_shared_memory(config, key.lhs_dtype, device.shared_memory_limit))
     return supports
 
 
@@ -245,12 +235,12 @@ def _memory_seconds(problem: MatmulProblem, extra_bytes: float = 0.0) -> float:
     return (moved + extra_bytes) / _BANDWIDTH
 
 
-def gemm_cost(config: GemmConfig, problem: MatmulProblem) -> float:
+def gemm_cost(config: GemmConfig, problem: MatmulProblem, sms: int = H200_SM_COUNT) -> float:
     """Seconds: whole waves of padded tiles at 70% of peak, or the bytes, plus a launch."""
-    waves = cdiv(tile_count(problem, config), _NUM_SMS)
+    waves = cdiv(tile_count(problem, config), sms)
     k_extent = split_k_extent(problem.k, config) if config.split_k > 1 else problem.k
     tile_flops = 2 * config.block_m * config.block_n * k_extent
-    compute = waves * _NUM_SMS * tile_flops / (0.7 * _peak(problem))
+    compute = waves * sms * tile_flops / (0.7 * _peak(problem))
     partials = 0.0
     if config.split_k > 1:  # f32 partials written, then read by the reduction
         partials = 2 * 4 * config.split_k * problem.batch * problem.m * problem.n
@@ -262,11 +252,11 @@ def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
     return _memory_seconds(problem) / 0.8 + _LAUNCH_S
 
 
-def mosaic_cost(config: MosaicConfig, problem: MatmulProblem) -> float:
+def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int = H200_SM_COUNT) -> float:
     cta_m, cta_n = config.cta_tile
     tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
-    waves = cdiv(tiles, _NUM_SMS)
-    compute = waves * _NUM_SMS * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
+    waves = cdiv(tiles, sms)
+    compute = waves * sms * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
     return max(compute, _memory_seconds(problem)) + _LAUNCH_S
 
 
@@ -288,12 +278,13 @@ def _padded_xla_cost(align: int, problem: MatmulProblem) -> float:
     return max(flops / (0.7 * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
 
 
-def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem) -> float:
+def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem,
+                sms: int = H200_SM_COUNT) -> float:
     """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
-    big = dataclasses.replace(problem, k=cdiv(problem.k, config.block_k) * config.block_k)
+    big = dataclasses.replace(problem, k=round_up(problem.k, config.block_k))
     moved = packing_bytes(problem, config.block_k, k_major)
     copies = (moved > 0) * 2
-    return gemm_cost(config, big) + moved / _BANDWIDTH + copies * _LAUNCH_S
+    return gemm_cost(config, big, sms) + moved / _BANDWIDTH + copies * _LAUNCH_S
 
 
 def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
@@ -326,6 +317,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     builder = CandidateSetBuilder("gpu", device.device_kind)
     builder.add(XLA_DOT)
     hopper = (device.compute_capability or (0, 0)) >= (9, 0)
+    sms = device.multiprocessors
 
     padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP)
     skinny = builder.group(
@@ -341,7 +333,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
         builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
                               params=_params(config, "mosaic_wgmma"),
                               supports=mosaic_supports(config),
-                              cost=functools.partial(mosaic_cost, config)),
+                              cost=functools.partial(mosaic_cost, config, sms=sms)),
                     accelerated, lambda key: TOP)
 
     # A config may serve several profiles or groups: collect its memberships, add it once.
@@ -355,7 +347,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
         for config in configs:
             member(config, triton, lambda key, profile=profile:
                    TOP if (dtype_class(key), size_class(key)) == profile
-                   else FALLBACK if dtype_class(key) == "half" or tf32_key(key) else SKIP)
+                   else LOWER if dtype_class(key) == "half" or tf32_key(key) else SKIP)
             if config in accelerated_backups:
                 member(config, accelerated, lambda key: TOP)
     for config in SPLIT_K_CONFIGS:
@@ -365,13 +357,13 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
             for wide, bk, stages, sk in _SKINNY_SHAPES:
                 member(skinny_config(side, narrow, wide, bk, stages, sk), skinny,
                        lambda key, slot=(side, narrow):
-                       TOP if (narrow_side(key), narrow_block(key)) == slot else FALLBACK)
+                       TOP if (narrow_side(key), narrow_block(key)) == slot else LOWER)
     for config, groups in gemm_members.items():
         pairs = [(group, _best_of(priorities)) for group, *priorities in groups.values()]
         builder.add(Candidate(f"triton_gemm_{config.name}", _kernel(gemm, config),
                               params=_params(config, "triton_gemm"),
                               supports=gemm_supports(config),
-                              cost=functools.partial(gemm_cost, config)),
+                              cost=functools.partial(gemm_cost, config, sms=sms)),
                     *pairs)
 
     # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
@@ -380,7 +372,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
         for config in configs:
             packed_members.setdefault((config, True), []).append(
                 (triton, lambda key, profile=profile: SKIP if not tf32_key(key)
-                 else TOP if size_class(key) == profile else FALLBACK))
+                 else TOP if size_class(key) == profile else LOWER))
     for config in PADDED_PACKED_CONFIGS:
         packed_members.setdefault((config, False), []).append(
             (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
@@ -391,7 +383,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                                       f"packed_gemm_{layout}"),
                               params={**_params(config, "triton_packed"), "k_major": k_major},
                               supports=gemm_supports(config),
-                              cost=functools.partial(packed_cost, config, k_major)),
+                              cost=functools.partial(packed_cost, config, k_major, sms=sms)),
                     *pairs)
 
     builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",

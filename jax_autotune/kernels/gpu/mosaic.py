@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.device import shared_memory_for_capability
 
 try:  # the shipped example; absent or broken on some jax builds
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as _hopper
@@ -37,7 +38,7 @@ except Exception as err:  # noqa: BLE001 - any import failure just disables the 
     AVAILABLE = False
     IMPORT_ERROR = f"{type(err).__name__}: {err}"
 
-SHARED_MEMORY_LIMIT = 232_448  # bytes per block on Hopper (H100/H200)
+SHARED_MEMORY_LIMIT = shared_memory_for_capability((9, 0))  # per block on Hopper (sm_90)
 HALF_DTYPES = ("bfloat16", "float16")
 _EPILOGUE_TILE = 64
 _BARRIER_BYTES = 1024  # mbarriers and alignment slack

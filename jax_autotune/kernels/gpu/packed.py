@@ -23,18 +23,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jax_autotune.kernels.gpu.sizes import pad_to, round_up
 from jax_autotune.kernels.gpu.triton import GemmConfig, dot_precision, gemm_call
 from jax_autotune.problem import MatmulProblem
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
-def _pad(x, shape):
-    if tuple(x.shape) == tuple(shape):
-        return x
-    return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
 
 def packed_operands(lhs, rhs, problem: MatmulProblem, block_k: int, k_major: bool):
@@ -46,20 +37,20 @@ def packed_operands(lhs, rhs, problem: MatmulProblem, block_k: int, k_major: boo
     """
     item = jnp.dtype(problem.lhs_dtype).itemsize
     row_align = max(16 // item, 1)
-    big_k = _round_up(problem.k, block_k)
+    big_k = round_up(problem.k, block_k)
     b, m, n = problem.batch, problem.m, problem.n
 
     if problem.transpose_a and k_major:
         lhs, a_t = jnp.swapaxes(lhs, 1, 2), False
     else:
         a_t = problem.transpose_a
-    lhs = _pad(lhs, (b, big_k, _round_up(m, row_align)) if a_t else (b, m, big_k))
+    lhs = pad_to(lhs, (b, big_k, round_up(m, row_align)) if a_t else (b, m, big_k))
 
     if not problem.transpose_b and k_major:
         rhs, b_major = jnp.swapaxes(rhs, 1, 2), True
     else:
         b_major = problem.transpose_b
-    rhs = _pad(rhs, (b, n, big_k) if b_major else (b, big_k, _round_up(n, row_align)))
+    rhs = pad_to(rhs, (b, n, big_k) if b_major else (b, big_k, round_up(n, row_align)))
     return lhs, rhs, a_t, b_major
 
 
@@ -80,9 +71,9 @@ def packing_bytes(problem: MatmulProblem, block_k: int, k_major: bool) -> int:
     ragged_k = k % block_k != 0
     moved = 0
     if ragged_k or (problem.transpose_a and k_major) or (problem.transpose_a and m * item % 16):
-        moved += 2 * b * m * _round_up(k, block_k) * item
+        moved += 2 * b * m * round_up(k, block_k) * item
     if ragged_k or (not problem.transpose_b and (k_major or n * item % 16)):
-        moved += 2 * b * n * _round_up(k, block_k) * item
+        moved += 2 * b * n * round_up(k, block_k) * item
     return moved
 
 

@@ -1,8 +1,8 @@
 """Run a kernel on operands zero-padded to aligned sizes, then slice the result.
 
 Rows whose byte stride is not a multiple of 16 (k = 1025 in bf16: 2050 bytes) force
-every GPU GEMM, XLA's included, onto narrow unvectorised loads; on an H200 XLA's dot
-takes 31 us at 1025^3 bf16 against 6 us at 1024^3. Padding m, n and k up to a multiple
+every GPU GEMM, XLA's included, onto narrow unvectorised loads (on an H200 XLA's dot is
+about 5x slower at 1025^3 bf16 than at 1024^3: benchmarks/results/). Padding m, n and k up to a multiple
 of ``align`` costs one copy of each operand and of the output, and zeros in k add
 nothing to the product, so the result is exact.
 
@@ -14,24 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 from jax import lax
 
+from jax_autotune.kernels.gpu.sizes import pad_to, round_up
 from jax_autotune.problem import MatmulProblem
-
-
-def round_up(x: int, align: int) -> int:
-    return -(-x // align) * align
 
 
 def padded_problem(problem: MatmulProblem, align: int) -> MatmulProblem:
     """``problem`` with m, n and k rounded up to multiples of ``align``."""
     return dataclasses.replace(problem, m=round_up(problem.m, align),
                                n=round_up(problem.n, align), k=round_up(problem.k, align))
-
-
-def _pad_to(x, shape):
-    return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
 
 def padded(fn, align: int, barrier: bool = False):
@@ -45,7 +37,7 @@ def padded(fn, align: int, barrier: bool = False):
         big = padded_problem(problem, align)
         if big == problem:
             return fn(lhs, rhs, problem)
-        a, b = _pad_to(lhs, big.lhs_shape), _pad_to(rhs, big.rhs_shape)
+        a, b = pad_to(lhs, big.lhs_shape), pad_to(rhs, big.rhs_shape)
         if barrier:
             a, b = lax.optimization_barrier((a, b))
         out = fn(a, b, big)
@@ -55,4 +47,4 @@ def padded(fn, align: int, barrier: bool = False):
     return kernel
 
 
-__all__ = ["padded", "padded_problem", "round_up"]
+__all__ = ["padded", "padded_problem"]

@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from jax_autotune.key import Precision
+from jax_autotune.kernels.gpu.sizes import cdiv
 from jax_autotune.problem import MatmulProblem
 
 # jax 0.10.2 and 0.11.2 both spell it ``CompilerParams``; older releases said
@@ -373,10 +374,6 @@ def vector_matmul(lhs, rhs, problem: MatmulProblem, config: VectorConfig, *,
     return out.reshape(problem.out_shape)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def tile_count(problem: MatmulProblem, config: GemmConfig) -> int:
     """Programs a GEMM launch runs: output tiles x batch x splits."""
     return (cdiv(problem.m, config.block_m) * cdiv(problem.n, config.block_n)
@@ -392,5 +389,5 @@ def shared_memory_bytes(config: GemmConfig, itemsize: int) -> int:
 __all__ = [
     "GemmConfig", "VectorConfig", "gemm", "gemm_call", "vector_matmul", "grouped_tile", "load_tile",
     "store_tile", "load_vector", "load_operand_tile", "tile_dot", "dot_precision",
-    "compiler_params", "split_k_extent", "tile_count", "shared_memory_bytes", "cdiv",
+    "compiler_params", "split_k_extent", "tile_count", "shared_memory_bytes",
 ]

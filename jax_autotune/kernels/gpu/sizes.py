@@ -1,0 +1,28 @@
+"""Integer sizes and zero padding shared by the GPU kernels.
+
+    >>> cdiv(1025, 64), round_up(1025, 64)
+    (17, 1088)
+    >>> pad_to(x, (1, 1088, 64)).shape          # zeros after the data on every axis
+    (1, 1088, 64)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints."""
+    return -(-a // b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` at or above ``x``."""
+    return cdiv(x, multiple) * multiple
+
+
+def pad_to(x, shape):
+    """``x`` zero-padded at the end of each axis to ``shape`` (``x`` itself when equal)."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
