@@ -9,7 +9,7 @@ Everything public is listed in ``__all__``; the subpackages (``tuning``, ``kerne
 first use, so orbax stays optional.
 """
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune._version import __version__
 from jax_autotune.api import dot_general, key_for, matmul
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.problem import MatmulProblem, precision_name, problem_for
 from jax_autotune.primitive import bind_matmul

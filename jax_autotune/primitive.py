@@ -1,4 +1,4 @@
-"""The matmul primitive: the key is computed at trace time, the kernel chosen at compile time.
+"""Internal: the matmul primitive; the key is computed at trace time, the kernel chosen at compile time.
 
 ``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem and
 its ``MatmulKey`` as parameters, so ``jax.make_jaxpr`` shows the key and ``warmup`` can
@@ -23,7 +23,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuners import tuner_for
 from jax_autotune.kernels.xla import dimension_numbers, xla_dot

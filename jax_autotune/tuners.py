@@ -1,4 +1,4 @@
-"""The registry: one Tuner per platform, holding that platform's kernel family.
+"""Internal: the registry, one Tuner per platform, holding that platform's kernel family.
 
 ``tuner_for(platform)`` builds the process's tuner for a platform once: the device's
 facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
@@ -17,7 +17,7 @@ import threading
 
 import jax
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune.kernels.xla import XLA_DOT
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo, device_info

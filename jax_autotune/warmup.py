@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_autotune.tuning.decision import Decision
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.primitive import matmul_p

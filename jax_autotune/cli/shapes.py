@@ -21,19 +21,19 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_autotune.api import dot_general, matmul
 from jax_autotune.cli.keys import parse_shape
+from jax_autotune.tuning.counters import stats
 
 NEXT_CALLS = 20
 
 
 def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
     """One process's measurements (runs in the child)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    import jax_autotune as jat
-
     compiles = [0]
 
     def count(event, *args, **kwargs):
@@ -50,15 +50,15 @@ def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
         b = jnp.asarray(rng.standard_normal((*lead, n, k) if transpose_b else (*lead, k, n)), dtype)
         jax.block_until_ready((a, b))
         if transpose_b:
-            f = jax.jit(lambda x, y: jat.dot_general(x, y, (((x.ndim - 1,), (y.ndim - 1,)),
+            f = jax.jit(lambda x, y: dot_general(x, y, (((x.ndim - 1,), (y.ndim - 1,)),
                                                             (tuple(range(x.ndim - 2)),) * 2)))
         else:
-            f = jax.jit(jat.matmul)
-        before, compiles_before = jat.stats(), compiles[0]
+            f = jax.jit(matmul)
+        before, compiles_before = stats(), compiles[0]
         start = time.perf_counter()
         jax.block_until_ready(f(a, b))
         first = time.perf_counter() - start
-        after, compiles_after = jat.stats(), compiles[0]
+        after, compiles_after = stats(), compiles[0]
         times = []
         for _ in range(NEXT_CALLS):
             start = time.perf_counter()

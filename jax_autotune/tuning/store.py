@@ -51,7 +51,7 @@ from typing import Any
 
 import jax
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune._version import __version__
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Callable
 
 import jax
 
-from jax_autotune import config
+import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jax_autotune import _native
+import jax_autotune._native as _native
 from jax_autotune.problem import MatmulProblem
 
 ISA_CODES = {"portable": 0, "avx2": 1, "avx512": 2}
