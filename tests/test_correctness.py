@@ -1,6 +1,7 @@
 """Correctness gating: references, tolerances by dtype and precision, NaN never passes."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -89,7 +90,19 @@ def test_a_sampled_reference_holds_exact_values_at_edge_and_random_entries():
     assert ref.batches.size == 4 and ref.rows.size == ref.cols.size == 64
     for index, size in ((ref.rows, 200), (ref.cols, 150)):
         assert {0, 1, 2, 3, size - 4, size - 1} <= set(index.tolist())
-    assert np.array_equal(ref.values, full[np.ix_(ref.batches, ref.rows, ref.cols)])
+    # each sampled value is the float64 dot product of its row and column: within the
+    # summation-order error bound (k ulps of the sum of |terms|) of the exactly rounded
+    # sum (float32 x float32 products are exact in float64), as the whole product is
+    a = np.asarray(lhs, np.float64)[ref.batches]
+    b = np.asarray(rhs, np.float64)[ref.batches]
+    a = (np.swapaxes(a, 1, 2) if LARGE.transpose_a else a)[:, ref.rows, :]
+    b = (np.swapaxes(b, 1, 2) if LARGE.transpose_b else b)[:, :, ref.cols]
+    terms = a[:, :, :, None] * b[:, None, :, :]  # (batch, row, k, col)
+    exact = np.vectorize(lambda *i: math.fsum(terms[i[0], i[1], :, i[2]]))(
+        *np.indices(ref.values.shape))
+    bound = LARGE.k * np.finfo(np.float64).eps * np.abs(terms).sum(axis=2)
+    assert np.all(np.abs(ref.values - exact) <= bound)
+    assert np.all(np.abs(full[np.ix_(ref.batches, ref.rows, ref.cols)] - exact) <= bound)
 
 
 def test_an_error_off_the_sample_is_caught_by_the_trusted_output():
