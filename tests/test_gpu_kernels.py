@@ -12,7 +12,7 @@ from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import mosaic as mosaic_kernels
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
 from jax_autotune.kernels.gpu.packed import packed_gemm, packed_operands, packing_bytes
-from jax_autotune.kernels.gpu.padded import padded
+from jax_autotune.kernels.gpu.padded import padded, padded_problem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, grouped_tile, vector_matmul
 from jax_autotune.key import Kind
@@ -165,6 +165,16 @@ def test_the_transposed_dot_gives_the_product(ta, tb):
     p = problem(2, 9, 13, 22, ta, tb)
     lhs, rhs = operands(p, seed=3)
     assert rel_error(xla_transposed(lhs, rhs, p), reference(lhs, rhs, p)) < 1e-6
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True), (False, True)])
+def test_padding_only_misaligned_rows_pads_those_dims_and_gives_the_product(ta, tb):
+    p = problem(2, 33, 24, 65, ta, tb)  # f32: m 33 and k 65 are misaligned rows, n 24 is not
+    big = padded_problem(p, 8, misaligned_only=True)
+    assert big.n == 24 and big.k == 72 and big.m == (40 if ta else 33)
+    lhs, rhs = operands(p, seed=11)
+    out = padded(xla_dot, 8, barrier=True, misaligned_only=True)(lhs, rhs, p)
+    assert out.shape == p.out_shape and rel_error(out, reference(lhs, rhs, p)) < 1e-6
 
 
 def test_padding_behind_a_barrier_gives_the_unpadded_product():

@@ -14,9 +14,10 @@ Precision.DEFAULT.
 
 | group        | group priority                                              | top tier (in-group 2; lower tiers are 1)       |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
-| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot on operands zero-padded to 8; half:  |
-|              | (stride factor < 4: k = 1025 and the like)                  | + 2 packed Triton GEMMs (k padded to block_k,  |
-|              |                                                             | n to 16 B, output stored unpadded)             |
+| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot on operands zero-padded to 8; XLA's  |
+|              | (stride factor < 4: k = 1025 and the like)                  | dot behind a barrier, misaligned rows padded   |
+|              |                                                             | to 8 or 64; half: + 2 packed Triton GEMMs (k   |
+|              |                                                             | to block_k, n to 16 B, output stored unpadded) |
 | skinny_gemv  | 6 if m == 1 or n == 1 (MatVec, VecMat, ...) or narrow <= 64 | vector kernels when m or n is 1; else skinny   |
 |              |                                                             | GEMMs whose narrow block (16, 32, 64) matches  |
 |              |                                                             | the narrow side (4: plain, split-K, bk 256)    |
@@ -123,9 +124,12 @@ MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64,
 
 # padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
 # the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
-# into the unpadded result (no slice copy). Padding XLA's dot to 64 was never better than
-# to 8.
+# into the unpadded result (no slice copy). Padding all of m, n, k to 64 was never
+# better than to 8. The barrier variants pad only the misaligned row strides and keep
+# XLA from fusing the pads into its GEMM, so cuBLAS runs on aligned operands (Inductor's
+# lever on such shapes); an aligned n then needs no slice of the output.
 PADDED_XLA_ALIGN = 8
+PADDED_BARRIER_ALIGNS = (8, 64)
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
@@ -272,8 +276,8 @@ def _pad_copy_seconds(problem: MatmulProblem) -> float:
     return 2 * _memory_seconds(problem) + 2 * _LAUNCH_S  # operands and output copied
 
 
-def _padded_xla_cost(align: int, problem: MatmulProblem) -> float:
-    big = padded_problem(problem, align)
+def _padded_xla_cost(align: int, problem: MatmulProblem, misaligned_only: bool = False) -> float:
+    big = padded_problem(problem, align, misaligned_only)
     flops = 2 * big.batch * big.m * big.n * big.k
     return max(flops / (0.7 * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
 
@@ -392,6 +396,14 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                           supports=_padded_supports(None),
                           cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
                 padded_group, lambda key: TOP)
+    for align in PADDED_BARRIER_ALIGNS:
+        builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
+                              padded(xla_dot, align, barrier=True, misaligned_only=True),
+                              params={"family": "padded", "align": align, "barrier": True,
+                                      "misaligned_only": True},
+                              supports=_padded_supports(None),
+                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True)),
+                    padded_group, lambda key: TOP)
     builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
                           supports=_padded_supports(None),
                           cost=functools.partial(xla_cost, launches=2)),

@@ -1,0 +1,124 @@
+"""The peers a GPU user would pick instead of the tuned matmul, each timed on the device.
+
+* ``torch_kernel_us``: cuBLAS through ``torch.matmul`` (or any torch callable, such as an
+  Inductor-compiled one), the summed duration of the kernels one call launches, from
+  ``torch.profiler``. A Python loop of torch calls measures dispatch below about 50 us,
+  not the kernel, so no host clock is used.
+* ``inductor``: ``torch.compile(torch.matmul, mode="max-autotune-no-cudagraphs")``; its
+  first call compiles and autotunes (seconds returned), its kernels (pads included) are
+  timed like torch's.
+* ``xla_exhaustive``: XLA's dot compiled with ``--xla_gpu_exhaustive_tiling_search=true``
+  in a child process (the flag is process-wide), CUPTI device time and compile seconds,
+  shapes in order until a wall-time budget runs out.
+
+    >>> us = torch_kernel_us(lambda: torch.matmul(a, b))
+    >>> rows = xla_exhaustive([("bfloat16", 768, 768, 768)], budget_s=120)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ITERATIONS = 20
+ROUNDS = 3
+
+
+def torch_kernel_us(fn, iterations: int = ITERATIONS, rounds: int = ROUNDS) -> float:
+    """Median over ``rounds`` of the device time of one call of ``fn`` (all its kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iterations):
+                fn()
+            torch.cuda.synchronize()
+        total = 0.0
+        for event in prof.key_averages():
+            total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+        per_call.append(total / iterations)
+    return statistics.median(per_call)
+
+
+def torch_operands(dtype: str, m: int, n: int, k: int, transpose_b: bool = False):
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = True  # f32 at DEFAULT is TF32 in XLA too
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    a = torch.randn(m, k, device="cuda", dtype=tdtype)
+    b = torch.randn(n, k, device="cuda", dtype=tdtype).t() if transpose_b else \
+        torch.randn(k, n, device="cuda", dtype=tdtype)
+    return a, b
+
+
+def cublas_us(dtype: str, m: int, n: int, k: int, transpose_b: bool = False) -> float:
+    a, b = torch_operands(dtype, m, n, k, transpose_b)
+    import torch
+    return torch_kernel_us(lambda: torch.matmul(a, b))
+
+
+def inductor(dtype: str, m: int, n: int, k: int, transpose_b: bool = False) -> dict:
+    """{'us': device time per call, 'tune_s': first call (compile + autotune)}."""
+    import torch
+    a, b = torch_operands(dtype, m, n, k, transpose_b)
+    compiled = torch.compile(torch.matmul, mode="max-autotune-no-cudagraphs", dynamic=False)
+    start = time.perf_counter()
+    compiled(a, b)
+    torch.cuda.synchronize()
+    tune_s = time.perf_counter() - start
+    return {"us": torch_kernel_us(lambda: compiled(a, b)), "tune_s": tune_s}
+
+
+def _exhaustive_child(cases: list) -> None:
+    """In the child: one JSON line per shape as soon as it is measured."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental.mosaic.gpu import profiler
+
+    for dtype, m, n, k in cases:
+        a = jnp.ones((m, k), dtype)
+        b = jnp.ones((k, n), dtype)
+        start = time.perf_counter()
+        compiled = jax.jit(lambda x, y: lax.dot(x, y, preferred_element_type=x.dtype)).lower(a, b).compile()
+        compile_s = time.perf_counter() - start
+        times = []
+        for _ in range(ROUNDS):
+            _, ms = profiler.measure(compiled, iterations=ITERATIONS)(a, b)
+            times.extend(ms if isinstance(ms, (list, tuple)) else [ms])
+        print(json.dumps({"dtype": dtype, "m": m, "n": n, "k": k, "compile_s": compile_s,
+                          "us": statistics.median(times) * 1e3}), flush=True)
+
+
+def xla_exhaustive(cases: list, budget_s: float) -> dict:
+    """{(dtype, m, n, k): {'us', 'compile_s'}} for the shapes that finished in the budget."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_exhaustive_tiling_search=true").strip()
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    proc = subprocess.Popen([sys.executable, __file__, "--exhaustive-child", json.dumps(cases)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    found = {}
+    for line in out.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        found[(row["dtype"], row["m"], row["n"], row["k"])] = {"us": row["us"], "compile_s": row["compile_s"]}
+    return found
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--exhaustive-child"]:
+    _exhaustive_child(json.loads(sys.argv[2]))
