@@ -19,6 +19,7 @@ directory.
 | mode           | JAX_AUTOTUNE_MODE              | tune                             |
 | log_decisions  | JAX_AUTOTUNE_LOG_DECISIONS     | unset (stdout, stderr or a path) |
 | budget_seconds | JAX_AUTOTUNE_BUDGET_SECONDS    | 10.0 (per-key tuning budget)     |
+| compilation_cache | JAX_AUTOTUNE_COMPILATION_CACHE | true (JAX's cache beside the store) |
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("mode", "JAX_AUTOTUNE_MODE", _parse_choice(MODES), lambda: "tune"),
     Setting("log_decisions", "JAX_AUTOTUNE_LOG_DECISIONS", _parse_log, lambda: None),
     Setting("budget_seconds", "JAX_AUTOTUNE_BUDGET_SECONDS", _parse_seconds, lambda: 10.0),
+    Setting("compilation_cache", "JAX_AUTOTUNE_COMPILATION_CACHE", _parse_bool, lambda: True),
 )}
 
 _lock = threading.Lock()

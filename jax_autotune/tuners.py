@@ -3,7 +3,10 @@
 ``tuner_for(platform)`` builds the process's tuner for a platform once: the device's
 facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
 ``kernels.gpu`` on GPUs, XLA's dot alone elsewhere) and the configured store. When
-``cache``, ``cache_dir`` or ``environment`` change, the tuner switches to that store.
+``cache``, ``cache_dir`` or ``environment`` change, the tuner switches to that store. With
+the disk store and ``compilation_cache`` on, JAX's persistent compilation cache is pointed
+beside the store (``tuning.compile_cache``) when this module is imported, so that every
+program of the process, not only the matmuls, is served from it in the next process.
 
     >>> from jax_autotune.tuners import tuner_for
     >>> tuner = tuner_for("cpu")
@@ -14,11 +17,13 @@ facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
 from __future__ import annotations
 
 import threading
+import warnings
 
 import jax
 
 import jax_autotune.config as config
 from jax_autotune.kernels.xla import XLA_DOT
+from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo, device_info
 from jax_autotune.tuning.store import open_store
@@ -65,7 +70,16 @@ def candidate_set_for(device: DeviceInfo) -> CandidateSet:
 
 
 def _current_store_settings() -> tuple:
-    return config.get("cache"), config.get("cache_dir"), config.get("environment")
+    return (config.get("cache"), config.get("cache_dir"), config.get("environment"),
+            config.get("compilation_cache"))
+
+
+def _use_compilation_cache(settings: tuple) -> None:
+    cache, cache_dir, _, compilation = settings
+    if cache and compilation:
+        compile_cache.enable(compile_cache.directory_for(cache_dir))
+    else:
+        compile_cache.disable()
 
 
 def _build(platform: str) -> Tuner:
@@ -85,10 +99,13 @@ def tuner_for(platform: str) -> Tuner:
     settings = _current_store_settings()
     with _tuners_lock:
         tuner = _tuners.get(platform)
+        previous = _store_settings.get(platform)
         if tuner is None:
             tuner = _tuners[platform] = _build(platform)
-        elif _store_settings.get(platform) != settings:
+        elif previous != settings:
             tuner.use_store(open_store())
+        if previous != settings:
+            _use_compilation_cache(settings)
         _store_settings[platform] = settings
         return tuner
 
@@ -103,6 +120,16 @@ def current_tuners() -> list[Tuner]:
     """The tuner of ``jax.default_backend()`` (built if needed) and every other live tuner."""
     default = tuner_for(jax.default_backend())
     return [default] + [t for t in built_tuners() if t is not default]
+
+
+def _use_compilation_cache_at_import() -> None:
+    try:
+        _use_compilation_cache(_current_store_settings())
+    except config.ConfigError as err:  # a bad setting is reported where it is used
+        warnings.warn(f"jax_autotune: JAX's compilation cache not set up: {err}", stacklevel=2)
+
+
+_use_compilation_cache_at_import()
 
 
 def reset_tuners() -> None:

@@ -4,10 +4,14 @@ import os
 
 import pytest
 
-from jax_autotune import config
-from jax_autotune.tuning import counters
-from jax_autotune.tuning.store import TuneStore
-from jax_autotune.tuners import reset_tuners
+# JAX's compilation cache stays off unless a test asks for it (tests/test_compile_cache.py);
+# set before jax_autotune is imported, which points the cache at the configured store
+os.environ.setdefault("JAX_AUTOTUNE_COMPILATION_CACHE", "0")
+
+from jax_autotune import config  # noqa: E402
+from jax_autotune.tuners import reset_tuners  # noqa: E402
+from jax_autotune.tuning import counters  # noqa: E402
+from jax_autotune.tuning.store import TuneStore  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -99,11 +99,16 @@ def doc_files() -> dict[str, str]:
     return {name: code for name, code in blocks}
 
 
-def run_example(script, cwd, cache_dir, **env):
+def run_example(script, cwd, cache_dir, counting=False, **env):
+    """Run one README script in a fresh process (``counting``: under tests/compile_counter.py,
+    whose JSON line then comes last)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("JAX_AUTOTUNE_")}
     environment.update(JAX_AUTOTUNE_CACHE_DIR=str(cache_dir), CKPT_DIR=str(cwd / "checkpoints"),
                        JAX_PLATFORMS="cpu", **env)
-    done = subprocess.run([sys.executable, script], cwd=cwd, env=environment,
+    command = [sys.executable, script]
+    if counting:
+        command = [sys.executable, str(Path(__file__).parent / "compile_counter.py"), script]
+    done = subprocess.run(command, cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -129,3 +134,10 @@ def test_a_fresh_process_restores_the_checkpoint_and_tunes_nothing(tmp_path):
     assert result["entries"] == saved["entries"]
     assert result["loss"] == pytest.approx(saved["loss"], rel=1e-5)
     assert list(empty_cache.glob("*.db")), "the restored decisions are in the (new) store"
+
+    # a second start of the server loads every executable from the compilation cache
+    # kept beside the store: it compiles nothing
+    again = run_example("serve.py", tmp_path, empty_cache, counting=True, JAX_AUTOTUNE_MODE="require")
+    counts = json.loads(again.strip().splitlines()[-1])["compile_counter"]
+    assert counts["requests"] > 0 and counts["compiles"] == 0, counts
+    assert json.loads(again.strip().splitlines()[-2])["stats"]["tuned"] == 0

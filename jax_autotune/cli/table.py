@@ -17,10 +17,12 @@ from __future__ import annotations
 import datetime
 import sys
 
+import jax_autotune.config as config
 from jax_autotune.tables.install import clear_decisions, install_table, read_table, table
 from jax_autotune.tables.summary import SummaryRow, key_id
 from jax_autotune.tables.table_file import TuneTable, TuneTableError
 from jax_autotune.tuners import current_tuners
+from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.decision import Decision
 
 
@@ -177,6 +179,13 @@ def run_clear(args) -> int:
     deleted = clear_decisions(args.device)
     what = f"of {args.device}" if args.device else "of every device"
     print(f"deleted {deleted} stored decisions {what} (throughput probes kept)")
+    if args.compilation_cache:
+        directory = compile_cache.directory_for(config.get("cache_dir"))
+        try:
+            removed = compile_cache.clear(directory)
+        except (OSError, ValueError) as err:
+            return _error(f"clear: {err}")
+        print(f"deleted {removed} compiled executables from {directory}")
     return 0
 
 
@@ -204,4 +213,6 @@ def register(subparsers) -> None:
 
     clear = subparsers.add_parser("clear", help="delete stored decisions (probes stay)")
     clear.add_argument("--device", default=None, help="only this device fingerprint")
+    clear.add_argument("--compilation-cache", action="store_true",
+                       help="also delete the compiled executables kept beside the store")
     clear.set_defaults(func=run_clear)

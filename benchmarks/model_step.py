@@ -1,0 +1,181 @@
+"""A GPT-2-small training step, plain against tuned: warmup cost, first step, step time.
+
+    python benchmarks/model_step.py --out benchmarks/results [--layers 12] [--batch 8] [--seq 1024]
+
+flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an untied output head), bf16
+compute with f32 parameters, AdamW (optax). Three variants of the same step:
+* ``plain``: every Dense with ``lax.dot_general`` (flax's default);
+* ``layers``: every Dense with ``dot_general=jat.dot_general``;
+* ``autotune``: the plain model's loss through ``jat.autotune`` (every matmul, the
+  attention einsums too).
+For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds, the first step after
+warmup (compile only: the tuner must tune nothing), the median of the next steps, the
+first losses (equal across variants within bf16 noise). Each variant runs in its own
+process with a fresh tune store, so nothing is shared between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from report import write_results
+
+VARIANTS = ("plain", "layers", "autotune")
+
+
+def build(variant: str, layers: int, d: int, heads: int, vocab: int, seq: int):
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import jax_autotune as jat
+
+    dot = jat.dot_general if variant == "layers" else jax.lax.dot_general
+    dense = lambda features, name: nn.Dense(features, dtype=jnp.bfloat16, dot_general=dot,  # noqa: E731
+                                            name=name)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, t, _ = x.shape
+            h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
+            q, k, v = jnp.split(dense(3 * d, "qkv")(h).reshape(b, t, 3 * heads, d // heads), 3, axis=2)
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // heads) ** 0.5
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            weights = jax.nn.softmax(jnp.where(causal, scores, -1e9).astype(jnp.float32), axis=-1)
+            attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(jnp.bfloat16), v).reshape(b, t, d)
+            x = x + dense(d, "proj")(attended)
+            h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
+            return x + dense(d, "down")(nn.gelu(dense(4 * d, "up")(h)))
+
+    class GPT(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(vocab, d, dtype=jnp.bfloat16)(tokens)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (seq, d)).astype(jnp.bfloat16)
+            for i in range(layers):
+                x = Block(name=f"block{i}")(x)
+            return dense(vocab, "head")(nn.LayerNorm(dtype=jnp.bfloat16)(x))
+
+    model = GPT()
+
+    def loss(params, batch):
+        tokens, targets = batch
+        logits = model.apply(params, tokens).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    if variant == "autotune":
+        loss = jat.autotune(loss)
+    optimizer = optax.adamw(3e-4)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return model, loss, optimizer, step
+
+
+def run_variant(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import jax_autotune as jat
+
+    model, loss, optimizer, step = build(args.variant, args.layers, args.d, args.heads, args.vocab, args.seq)
+    tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, args.vocab)
+    batch = (tokens, jnp.roll(tokens, -1, axis=1))
+    params = model.init(jax.random.key(1), tokens)
+    opt_state = optimizer.init(params)
+    row = {"variant": args.variant}
+    if args.variant != "plain":
+        start = time.perf_counter()
+        report = jat.warmup(loss, params, batch, grad=True)
+        row["warmup_s"] = time.perf_counter() - start
+        row["keys"] = len(report)
+        row["winners"] = sorted({e.winner for e in report})
+    before = jat.stats()
+    start = time.perf_counter()
+    params, opt_state, value = step(params, opt_state, batch)
+    jax.block_until_ready(value)
+    row["first_step_s"] = time.perf_counter() - start
+    row["tuned_in_first_step"] = jat.stats()["tuned"] - before["tuned"]
+    losses, times = [float(value)], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        params, opt_state, value = step(params, opt_state, batch)
+        jax.block_until_ready(value)
+        times.append(time.perf_counter() - start)
+        losses.append(float(value))
+    row.update(step_ms=statistics.median(times) * 1e3, losses=losses[:4])
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--variant", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--timeout-s", type=float, default=240.0)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args)))
+        return
+    rows = []
+    for variant in VARIANTS:
+        env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{variant}_"))
+        child = [sys.executable, __file__, "--variant", variant] + [
+            f"--{name}={getattr(args, name)}" for name in ("layers", "d", "heads", "vocab", "batch", "seq", "steps")]
+        try:
+            done = subprocess.run(child, capture_output=True, text=True, timeout=args.timeout_s, env=env)
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
+                        else {"variant": variant, "error": done.stderr[-2000:]})
+        except (subprocess.TimeoutExpired, IndexError, ValueError) as err:
+            rows.append({"variant": variant, "error": f"{type(err).__name__}: {err}"})
+        print(json.dumps(rows[-1]), flush=True)
+    import jax
+    command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])
+    text = report(rows, command, jax.__version__, args)
+    print(text)
+    write_results(args.out, f"model_step_{datetime.date.today().isoformat()}", text,
+                  {"rows": rows, "command": command})
+
+
+def report(rows, command, jax_version, args) -> str:
+    plain = next((r for r in rows if r["variant"] == "plain" and "step_ms" in r), None)
+    lines = [f"# Model step on an H200, {datetime.date.today().isoformat()}", "",
+             f"jax {jax_version}; command: `{command}`", "",
+             f"GPT-2-like: {args.layers} layers, d {args.d}, {args.heads} heads, vocabulary {args.vocab}, "
+             f"batch {args.batch} x {args.seq}, bf16 compute, AdamW.", "",
+             "| variant | warmup s | keys | first step s | tuned in first step | step ms | plain / variant | first losses |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | error: {r['error'].splitlines()[-1][:120] if r['error'] else '?'} |")
+            continue
+        ratio = f"{plain['step_ms'] / r['step_ms']:.3f}" if plain else "-"
+        warm = f"{r['warmup_s']:.1f}" if "warmup_s" in r else "-"
+        lines.append(f"| {r['variant']} | {warm} | {r.get('keys', '-')} | {r['first_step_s']:.2f} | "
+                     f"{r['tuned_in_first_step']} | {r['step_ms']:.2f} | {ratio} | "
+                     f"{', '.join(f'{x:.4f}' for x in r['losses'])} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

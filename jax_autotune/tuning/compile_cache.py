@@ -1,0 +1,103 @@
+"""JAX's persistent compilation cache beside the tune store, so a warm process compiles nothing.
+
+The tune store remembers each key's decision; compiling the winner (on GPUs, XLA's dot
+runs XLA's own GEMM autotuner while it compiles) would still cost up to a second per key
+in every new process. With the ``compilation_cache`` setting on (the default) and the
+disk store on, the tuner points JAX's persistent compilation cache at
+``<cache_dir>/jax_compilation_cache`` the first time it is used, with no minimum compile
+time or entry size, so matmul executables are kept. It never overrides a cache the user
+configured (``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``) nor one the
+user turned off (``jax_enable_compilation_cache=False``).
+
+A changed decision can never be served a stale executable: the lowering rule emits the
+winner before JAX computes the cache key from the lowered module, so another winner is
+another key.
+
+    >>> from jax_autotune.tuning.compile_cache import enable, directory_for
+    >>> enable(directory_for("/home/me/.cache/jax_autotune"))   # the path now in use, or None
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+DIRECTORY_NAME = "jax_compilation_cache"
+
+_lock = threading.Lock()
+_ours: str | None = None  # the directory this package pointed JAX at, if any
+
+
+def directory_for(cache_dir: str | os.PathLike) -> str:
+    """Where the compilation cache lives for a tune store directory."""
+    return os.path.join(os.fspath(cache_dir), DIRECTORY_NAME)
+
+
+def user_configured() -> str | None:
+    """Why JAX's cache is the user's to manage ('dir ...' or 'disabled'), or None."""
+    configured = jax.config.jax_compilation_cache_dir
+    if configured and configured != _ours:
+        return f"dir {configured}"
+    if not jax.config.jax_enable_compilation_cache:
+        return "disabled"
+    return None
+
+
+def enable(directory: str) -> str | None:
+    """Point JAX's persistent compilation cache at ``directory`` unless the user manages
+    it; returns the directory JAX now uses for it (the user's, ours, or None when off)."""
+    global _ours
+    with _lock:
+        if user_configured() is not None:
+            return jax.config.jax_compilation_cache_dir
+        if _ours == directory:
+            return directory
+        switching = _ours is not None
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        jax_cache.set_cache_dir(directory)
+        if switching:  # JAX keeps the first directory's cache object until reset
+            jax_cache.reset_cache()
+        _ours = directory
+        return directory
+
+
+def disable() -> None:
+    """Stop using the cache this package enabled (a user's own cache is left alone)."""
+    global _ours
+    with _lock:
+        if _ours is not None and jax.config.jax_compilation_cache_dir == _ours:
+            jax.config.update("jax_compilation_cache_dir", None)
+            jax_cache.reset_cache()
+        _ours = None
+
+
+def in_use() -> str | None:
+    """The directory this package pointed JAX at, or None."""
+    return _ours
+
+
+def clear(directory: str) -> int:
+    """Delete the cache files in ``directory`` (this package's folder for a store, never a
+    folder the user gave JAX); returns how many were deleted.
+
+        >>> clear(directory_for(config.get("cache_dir")))
+        41
+    """
+    if os.path.basename(os.path.normpath(directory)) != DIRECTORY_NAME:
+        raise ValueError(f"directory: expected a {DIRECTORY_NAME!r} folder of a tune store, "
+                         f"got {directory!r}")
+    configured = jax.config.jax_compilation_cache_dir
+    if configured and os.path.abspath(configured) == os.path.abspath(directory) and configured != _ours:
+        raise ValueError(f"{directory} is JAX's cache as the user configured it "
+                         f"(jax_compilation_cache_dir); clear it yourself")
+    deleted = 0
+    if os.path.isdir(directory):
+        for entry in os.scandir(directory):
+            if entry.is_file(follow_symlinks=False):
+                os.remove(entry.path)
+                deleted += 1
+    return deleted

@@ -1,0 +1,112 @@
+"""JAX's persistent compilation cache beside the tune store: a warm process compiles
+nothing, a changed decision is never served a stale executable, a user's own cache
+settings win. Every case runs in fresh processes (the cache is process-wide state)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jax_autotune.cli import main as cli_main
+from jax_autotune.tuning.compile_cache import DIRECTORY_NAME
+
+HERE = Path(__file__).resolve().parent
+
+WORKER = r'''
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+sys.path.insert(0, sys.argv[2])
+from compile_counter import CompileCounter
+import jax_autotune as jat
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuners import tuner_for
+from jax_autotune.tuning.decision import Decision
+import jax_autotune.config as config
+
+winner = sys.argv[1]  # "tune", or "xla_dot" / "native" installed as the decision
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((64, 48)), jnp.float32)
+w = jnp.asarray(rng.standard_normal((48, 40)), jnp.float32)
+if winner != "tune":
+    tuner = tuner_for("cpu")
+    problem = MatmulProblem(1, 64, 40, 48, "float32", "float32", "float32")
+    key = problem.key(config.get("level"))
+    if winner == "native":
+        winner = next(c.name for c in tuner.candidate_set.candidates
+                      if c.name.startswith("native_gemm") and c.supports(tuner.device, key))
+    assert tuner.install(Decision(key=key, problem=problem, winner=winner))
+counter = CompileCounter()
+out = jax.block_until_ready(jax.jit(jat.matmul)(x, w))
+counts = counter.to_json()
+error = float(np.abs(np.asarray(out, np.float64) - np.asarray(x, np.float64) @ np.asarray(w, np.float64)).max())
+print(json.dumps({**counts, "error": error, "tuned": jat.stats()["tuned"],
+                  "custom_call": "custom_call" in jax.jit(jat.matmul).lower(x, w).as_text(),
+                  "jax_cache_dir": jax.config.jax_compilation_cache_dir,
+                  "min_compile_s": jax.config.jax_persistent_cache_min_compile_time_secs}))
+'''
+
+
+def run(tmp_path, winner, **env):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("JAX_AUTOTUNE_", "JAX_COMPILATION_CACHE"))}
+    environment.update(JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                       JAX_AUTOTUNE_BUDGET_SECONDS="1", **env)
+    done = subprocess.run([sys.executable, "-P", str(script), winner, str(HERE)],
+                          env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_warm_process_tunes_and_compiles_nothing(tmp_path):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
+    cold = run(tmp_path, "tune")
+    assert cold["compiles"] >= 1 and cold["error"] < 1e-3
+    assert cold["jax_cache_dir"] == str(tmp_path / "store" / DIRECTORY_NAME)
+    assert cold["min_compile_s"] == 0.0  # matmul executables compile fast: keep them all
+    warm = run(tmp_path, "tune")
+    assert warm["tuned"] == 0
+    assert warm["requests"] >= 1 and warm["compiles"] == 0 and warm["hits"] >= 1
+    assert warm["error"] < 1e-3
+
+
+def test_a_changed_decision_is_never_served_a_stale_executable(tmp_path):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
+    native = run(tmp_path, "native")
+    assert native["custom_call"] and native["compiles"] >= 1 and native["error"] < 1e-3
+    xla = run(tmp_path, "xla_dot")  # same program, same cache, another winner
+    assert not xla["custom_call"]
+    assert xla["compiles"] >= 1 and xla["hits"] == 0 and xla["error"] < 1e-3
+    again = run(tmp_path, "native")  # the first winner's executable is still there
+    assert again["custom_call"] and again["compiles"] == 0 and again["hits"] >= 1
+
+
+def test_a_cache_the_user_configured_is_used_and_never_moved(tmp_path):
+    users = tmp_path / "users_cache"
+    result = run(tmp_path, "xla_dot", JAX_COMPILATION_CACHE_DIR=str(users))
+    assert result["jax_cache_dir"] == str(users)
+    assert not (tmp_path / "store" / DIRECTORY_NAME).exists()
+    assert result["min_compile_s"] == 1.0  # JAX's default: the user's settings are theirs
+
+
+def test_the_setting_turns_it_off(tmp_path):
+    result = run(tmp_path, "xla_dot", JAX_AUTOTUNE_COMPILATION_CACHE="0")
+    assert result["jax_cache_dir"] is None and result["hits"] == 0
+    assert not (tmp_path / "store" / DIRECTORY_NAME).exists()
+
+
+def test_clear_deletes_the_compiled_executables_only_when_asked(tmp_path, monkeypatch, capsys):
+    run(tmp_path, "xla_dot")
+    folder = tmp_path / "store" / DIRECTORY_NAME
+    kept = len(list(folder.iterdir()))
+    assert kept > 0
+    monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
+    assert cli_main(["clear"]) == 0
+    assert len(list(folder.iterdir())) == kept
+    assert cli_main(["clear", "--compilation-cache"]) == 0
+    assert not list(folder.iterdir())
+    assert f"deleted {kept} compiled executables" in capsys.readouterr().out
