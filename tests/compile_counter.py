@@ -1,9 +1,9 @@
-"""Counts the XLA compiles a process really runs, with the persistent cache in use.
+"""Runs a script and prints, last, one JSON line with the XLA compiles it ran.
 
-    python tests/compile_counter.py SCRIPT [ARGS...]   # runs SCRIPT, then prints one JSON line
+    python tests/compile_counter.py SCRIPT [ARGS...]
 
 A compile that JAX's persistent cache serves is a request and a hit; a real compile is a
-request without a hit. Imported by tests too (``CompileCounter``).
+request without a hit (``jax_autotune.tuning.compile_cache.CompileCounter``).
 """
 
 from __future__ import annotations
@@ -13,32 +13,7 @@ import os
 import runpy
 import sys
 
-import jax
-
-
-class CompileCounter:
-    """``requests``, ``hits`` and ``compiles`` (requests - hits) since it was made."""
-
-    REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
-    HIT = "/jax/compilation_cache/cache_hits"
-
-    def __init__(self):
-        self.requests = self.hits = 0
-        jax.monitoring.register_event_listener(self._count)
-
-    def _count(self, event, **_):
-        if event == self.REQUEST:
-            self.requests += 1
-        elif event == self.HIT:
-            self.hits += 1
-
-    @property
-    def compiles(self) -> int:
-        return self.requests - self.hits
-
-    def to_json(self) -> dict:
-        return {"requests": self.requests, "hits": self.hits, "compiles": self.compiles}
-
+from jax_autotune.tuning.compile_cache import CompileCounter
 
 if __name__ == "__main__":
     counter = CompileCounter()

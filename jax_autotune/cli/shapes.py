@@ -6,7 +6,8 @@ Runs the shapes in two fresh processes sharing one cache directory (emptied firs
 process 1 starts cold, process 2 warm. Per shape: the first call (random operands
 synced first; the time covers trace, tuning, compile and run), the next 20 calls' min
 and median, and the counters of that first call: keys tuned, candidate runs, probe
-launches and XLA compiles (every backend compile, candidates' included).
+launches, XLA compiles (candidates' included) and executables served by JAX's compilation
+cache instead of compiled.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from jax_autotune.api import dot_general, matmul
 from jax_autotune.cli.keys import parse_shape
+from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
 
 NEXT_CALLS = 20
@@ -34,13 +36,7 @@ NEXT_CALLS = 20
 
 def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
     """One process's measurements (runs in the child)."""
-    compiles = [0]
-
-    def count(event, *args, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(count)
+    counter = CompileCounter()
     rng = np.random.default_rng(0)
     rows = []
     for text in shapes:
@@ -54,11 +50,11 @@ def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
                                                             (tuple(range(x.ndim - 2)),) * 2)))
         else:
             f = jax.jit(matmul)
-        before, compiles_before = stats(), compiles[0]
+        before, compiles_before, hits_before = stats(), counter.compiles, counter.hits
         start = time.perf_counter()
         jax.block_until_ready(f(a, b))
         first = time.perf_counter() - start
-        after, compiles_after = stats(), compiles[0]
+        after, compiles_after, hits_after = stats(), counter.compiles, counter.hits
         times = []
         for _ in range(NEXT_CALLS):
             start = time.perf_counter()
@@ -70,6 +66,7 @@ def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
             "candidate_runs": after["candidate_runs"] - before["candidate_runs"],
             "probe_launches": after["probe_launches"] - before["probe_launches"],
             "compiles": compiles_after - compiles_before,
+            "cache_hits": hits_after - hits_before,
             "store_hits": after["store_hits"] - before["store_hits"],
             "memory_hits": after["memory_hits"] - before["memory_hits"],
         })
@@ -87,7 +84,8 @@ def format_rows(title: str, rows: list[dict]) -> list[str]:
         label = f"{text}x{text}" if text.isdigit() else text  # squares as the reference prints them
         lines.append(f"{label:>10} first: {_seconds(row['first_s']):>10}  tuned={row['tuned']} "
                      f"candidate_runs={row['candidate_runs']} probe_launches={row['probe_launches']} "
-                     f"compiles={row['compiles']} store_hits={row['store_hits']}")
+                     f"compiles={row['compiles']} cache_hits={row.get('cache_hits', 0)} "
+                     f"store_hits={row['store_hits']}")
         lines.append(f"{label:>10} next {NEXT_CALLS}: min {_seconds(row['min_s'])} "
                      f"median {_seconds(row['median_s'])}")
     return lines

@@ -15,6 +15,8 @@ another key.
 
     >>> from jax_autotune.tuning.compile_cache import enable, directory_for
     >>> enable(directory_for("/home/me/.cache/jax_autotune"))   # the path now in use, or None
+    >>> counter = CompileCounter(); f(x); counter.compiles        # XLA compiles, cache hits not
+    0
 """
 
 from __future__ import annotations
@@ -101,3 +103,32 @@ def clear(directory: str) -> int:
                 os.remove(entry.path)
                 deleted += 1
     return deleted
+
+
+class CompileCounter:
+    """The XLA compiles a process runs from now on, and the executables the persistent
+    cache served instead: ``compiles``, ``hits``, ``requests`` (both; every request fires
+    JAX's backend-compile event, hit or not)."""
+
+    REQUEST = "/jax/core/compile/backend_compile_duration"
+    HIT = "/jax/compilation_cache/cache_hits"
+
+    def __init__(self):
+        self.requests = self.hits = 0
+        jax.monitoring.register_event_duration_secs_listener(self._count_request)
+        jax.monitoring.register_event_listener(self._count_hit)
+
+    def _count_request(self, event, *_, **__):
+        if event == self.REQUEST:
+            self.requests += 1
+
+    def _count_hit(self, event, **_):
+        if event == self.HIT:
+            self.hits += 1
+
+    @property
+    def compiles(self) -> int:
+        return self.requests - self.hits
+
+    def to_json(self) -> dict:
+        return {"requests": self.requests, "hits": self.hits, "compiles": self.compiles}
