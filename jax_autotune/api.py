@@ -16,6 +16,7 @@ import inspect
 import math
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -24,6 +25,7 @@ import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.problem import MatmulProblem, precision_name, problem_for
 from jax_autotune.primitive import bind_matmul
+from jax_autotune.sharding import ShardingTypeError
 
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
 
@@ -34,13 +36,23 @@ def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, prec
                          transpose_b=transpose_b, precision=precision_name(precision))
 
 
-def matmul(a, b, *, precision=None, preferred_element_type=None):
+def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None):
     """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting and
-    dtype promotion as in NumPy; the result dtype is ``preferred_element_type`` if given.
+    dtype promotion as in NumPy; the result dtype is ``preferred_element_type`` if given;
+    ``out_sharding`` as jnp.matmul takes it (Explicit mesh axes).
 
     >>> jat.matmul(jnp.ones((3, 4)), jnp.ones(4)).shape
     (3,)
     """
+    if out_sharding is not None or _explicitly_sharded(a, b):
+        return _sharded(lambda: _matmul(a, b, precision, preferred_element_type, out_sharding),
+                        lambda: jnp.matmul(a, b, precision=precision,
+                                           preferred_element_type=preferred_element_type,
+                                           out_sharding=out_sharding))
+    return _matmul(a, b, precision, preferred_element_type, None)
+
+
+def _matmul(a, b, precision, preferred_element_type, out_sharding):
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
@@ -58,22 +70,58 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
     except ValueError as err:
         raise ValueError(f"matmul: batch dims of a {a.shape} and b {b.shape} do not broadcast") from err
     batch = math.prod(batch_shape)
+    final_shape = (*batch_shape, m, n)
+    if vector_a or vector_b:
+        final_shape = (*batch_shape, *([m] if not vector_a else []), *([n] if not vector_b else []))
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
         lhs = a2.reshape(1, batch * m, k)
         problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision)
-        out = bind_matmul(lhs, b2.reshape(1, k, n), problem)
+        out = bind_matmul(lhs, b2.reshape(1, k, n), problem,
+                          _canonical_sharding(out_sharding, final_shape, problem.out_shape))
     else:
         lhs = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(batch, m, k)
         rhs = jnp.broadcast_to(b2, (*batch_shape, k, n)).reshape(batch, k, n)
         problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision)
-        out = bind_matmul(lhs, rhs, problem)
-    out = out.reshape(*batch_shape, m, n)
-    if vector_a:
-        out = out[..., 0, :]
-    if vector_b:
-        out = out[..., 0]
-    return out
+        out = bind_matmul(lhs, rhs, problem,
+                          _canonical_sharding(out_sharding, final_shape, problem.out_shape))
+    return _reshape(out, final_shape, out_sharding)
+
+
+def _explicitly_sharded(*operands) -> bool:
+    """Whether an operand's type carries a sharding over Explicit mesh axes."""
+    for x in operands:
+        sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(x, "shape") else None
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and not mesh.empty and mesh.explicit_axes and any(
+                entry is not None for entry in sharding.spec):
+            return True
+    return False
+
+
+def _sharded(tuned, plain):
+    """``tuned()``, or lax's own ``plain()`` where the canonical (batch, m, k) reshapes
+    cannot carry the operands' Explicit shardings (jax's reshape rules decide)."""
+    try:
+        return tuned()
+    except ShardingTypeError:
+        return plain()
+
+
+def _canonical_sharding(out_sharding, final_shape, canonical_shape):
+    """The user's out_sharding (over the result's dims) as the canonical (batch, m, n)
+    output's, by jax's own reshape rule; None when none was given."""
+    if out_sharding is None:
+        return None
+    final = jax.ShapeDtypeStruct(final_shape, jnp.float32, sharding=out_sharding)
+    return jax.eval_shape(lambda x: _reshape(x, canonical_shape, None), final).sharding
+
+
+def _reshape(x, shape, out_sharding):
+    shape = tuple(shape)
+    if tuple(x.shape) == shape:
+        return x
+    return jnp.reshape(x, shape, out_sharding=out_sharding)
 
 
 def _check_dims(name: str, dims: Sequence[int], ndim: int, shape) -> tuple[int, ...]:
@@ -115,9 +163,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     if unknown:
         raise TypeError(f"dot_general() got unexpected keyword argument(s) {sorted(unknown)}; "
                         f"lax.dot_general accepts {sorted(_LAX_DOT_GENERAL_PARAMS)}")
+    out_sharding = kwargs.pop("out_sharding", None)
     if any(value is not None for value in kwargs.values()):
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type, **kwargs)
+                               preferred_element_type=preferred_element_type,
+                               out_sharding=out_sharding, **kwargs)
+    if out_sharding is not None or _explicitly_sharded(lhs, rhs):
+        return _sharded(lambda: _dot_general(lhs, rhs, dimension_numbers, precision,
+                                             preferred_element_type, out_sharding),
+                        lambda: lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                                preferred_element_type=preferred_element_type,
+                                                out_sharding=out_sharding))
+    return _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, None)
+
+
+def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding):
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     try:
         (lc, rc), (lb, rb) = dimension_numbers
@@ -142,7 +202,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                                        and jnp.issubdtype(rhs.dtype, jnp.floating)):
         # mixed integer/float operands: lax's own rules, XLA's own dot
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
+                               preferred_element_type=preferred_element_type,
+                               out_sharding=out_sharding)
     lhs3, transpose_a = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
     rhs3, transpose_b = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
     batch = lhs3.shape[0]
@@ -150,10 +211,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
     problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b, precision)
-    out = bind_matmul(lhs3, rhs3, problem)
     out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
         tuple(rhs.shape[d] for d in rfree)
-    return out.reshape(out_shape)
+    out = bind_matmul(lhs3, rhs3, problem, _canonical_sharding(out_sharding, out_shape, problem.out_shape))
+    return _reshape(out, out_shape, out_sharding)
 
 
 def key_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: bool = False,

@@ -1,10 +1,12 @@
 """Internal: the matmul primitive; the key is computed at trace time, the kernel chosen at compile time.
 
-``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem and
-its ``MatmulKey`` as parameters, so ``jax.make_jaxpr`` shows the key and ``warmup`` can
-collect it. Its lowering rule asks the platform's tuner for the key's decision (tuning
-lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``. vmap re-binds with
-a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
+``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem, its
+``MatmulKey`` and lax's ``out_sharding`` as parameters, so ``jax.make_jaxpr`` shows the key
+and ``warmup`` can collect it. Its lowering rule asks the platform's tuner for the key's
+decision (tuning lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``;
+when the jit spans several devices it emits a per-shard op instead (``sharding``), whose
+kernel is chosen for the per-shard key when XLA partitions the program. vmap re-binds
+with a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
 again with their own problems and transposed layouts, and tuned too.
 
     >>> out = bind_matmul(lhs, rhs, problem)          # lhs problem.lhs_shape, rhs problem.rhs_shape
@@ -24,23 +26,42 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 import jax_autotune.config as config
-from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuners import tuner_for
 from jax_autotune.kernels.xla import dimension_numbers, xla_dot
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.sharding import ShardKernels, lowering_targets_many_devices, partitioned_matmul
+from jax_autotune.tuners import tuner_for
+
+try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
+    from jax._src import dispatch
+    from jax._src.interpreters.mlir import lower_with_sharding_in_types
+    from jax._src.sharding_impls import canonicalize_sharding
+except ImportError:  # pragma: no cover - depends on the jax version
+    dispatch = lower_with_sharding_in_types = canonicalize_sharding = None
 
 matmul_p = Primitive("autotuned_matmul")
+if dispatch is not None:
+    # the multi-device lowering (custom_partitioning) needs the device assignment in the
+    # lowering context, which jit fills only for primitives registered here
+    dispatch.prim_requires_devices_during_lowering.add(matmul_p)
 
 # lowering calls, per platform: tests check that lowering runs once per compile
 LOWERINGS: dict[str, int] = {}
 
 
-def bind_matmul(lhs, rhs, problem: MatmulProblem):
-    """Bind the primitive; the key is computed here, at trace time, at the configured level."""
+def bind_matmul(lhs, rhs, problem: MatmulProblem, out_sharding=None):
+    """Bind the primitive; the key is computed here, at trace time, at the configured level.
+
+    ``out_sharding`` (a NamedSharding, or a PartitionSpec under ``jax.set_mesh``) is
+    lax.dot_general's, for the canonical (batch, m, n) output under Explicit mesh axes.
+    """
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    if out_sharding is not None and canonicalize_sharding is not None:
+        out_sharding = canonicalize_sharding(out_sharding, "autotuned_matmul")
     lhs, rhs = _match_varying_axes(lhs, rhs)
-    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")))
+    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")),
+                         out_sharding=out_sharding)
 
 
 def _varying_axes(x) -> frozenset:
@@ -64,23 +85,43 @@ def _match_varying_axes(lhs, rhs):
     return lhs, rhs
 
 
-def _abstract_eval(lhs, rhs, *, problem, key):
+def _abstract_eval(lhs, rhs, *, problem, key, out_sharding):
     """The output aval by lax.dot_general's own rule, so shard_map's varying axes and
-    shardings propagate exactly as for XLA's dot."""
+    (Explicit) shardings propagate exactly as for XLA's dot."""
     out, _ = lax.dot_general_p.abstract_eval(
         lhs, rhs, dimension_numbers=dimension_numbers(problem), precision=None,
-        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=None)
+        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=out_sharding)
     return out
 
 
+def _explicit_sharding(aval):
+    """``aval``'s sharding when its mesh has Explicit axes (a type to keep), else None."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True) or not getattr(mesh, "explicit_axes", ()):
+        return None
+    return sharding
+
+
+def _emit(ctx, lhs, rhs, kernel):
+    out, = mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+    if lower_with_sharding_in_types is None:
+        return [out]
+    return [lower_with_sharding_in_types(ctx, out, ctx.avals_out[0])]
+
+
 def _lowering(platform: str):
-    def rule(ctx, lhs, rhs, *, problem, key):
+    def rule(ctx, lhs, rhs, *, problem, key, out_sharding):
         LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
+        if lowering_targets_many_devices(ctx):
+            kernel = functools.partial(partitioned_matmul, problem=problem,
+                                       kernels=ShardKernels(platform),
+                                       out_sharding=_explicit_sharding(ctx.avals_out[0]))
+            return _emit(ctx, lhs, rhs, kernel)
         tuner = tuner_for(platform)
         decision = tuner.select(problem, key)
         candidate = tuner.candidate(decision.winner)
-        kernel = functools.partial(_call_candidate, candidate.fn, problem=problem)
-        return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+        return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, candidate.fn, problem=problem))
     return rule
 
 
@@ -88,9 +129,8 @@ def _call_candidate(fn, lhs, rhs, *, problem):
     return fn(lhs, rhs, problem)
 
 
-def _xla_lowering(ctx, lhs, rhs, *, problem, key):
-    kernel = functools.partial(_call_candidate, xla_dot, problem=problem)
-    return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+def _xla_lowering(ctx, lhs, rhs, *, problem, key, out_sharding):
+    return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, xla_dot, problem=problem))
 
 
 # ---------------------------------------------------------------- autodiff
@@ -101,40 +141,49 @@ def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, out_
                                out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
-def _transpose_lhs(ct, lhs, rhs, *, problem, key):
-    """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed."""
+def _transpose_lhs(ct, lhs, rhs, *, problem, key, out_sharding):
+    """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed; in
+    lhs's stored layout and (Explicit axes) its sharding, as lax does."""
     p = problem
-    lhs_dtype = lhs.aval.dtype
+    lhs_dtype, sharding = lhs.aval.dtype, _explicit_sharding(lhs.aval)
     if not p.transpose_a:  # lhs_bar (b, m, k) = ct (b, m, n) @ rhs^T (b, n, k)
         new = _swap_problem(p, m=p.m, n=p.k, k=p.n, lhs_dtype=ct.dtype, rhs_dtype=rhs.dtype,
                             out_dtype=lhs_dtype, transpose_a=False, transpose_b=not p.transpose_b)
-        return bind_matmul(ct, rhs, new)
+        return bind_matmul(ct, rhs, new, sharding)
     # lhs stored (b, k, m): lhs_bar = rhs (b, k, n) @ ct^T (b, n, m)
     new = _swap_problem(p, m=p.k, n=p.m, k=p.n, lhs_dtype=rhs.dtype, rhs_dtype=ct.dtype,
                         out_dtype=lhs_dtype, transpose_a=p.transpose_b, transpose_b=True)
-    return bind_matmul(rhs, ct, new)
+    return bind_matmul(rhs, ct, new, sharding)
 
 
-def _transpose_rhs(ct, lhs, rhs, *, problem, key):
-    """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed."""
+def _transpose_rhs(ct, lhs, rhs, *, problem, key, out_sharding):
+    """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed; in
+    rhs's stored layout and (Explicit axes) its sharding."""
     p = problem
-    rhs_dtype = rhs.aval.dtype
+    rhs_dtype, sharding = rhs.aval.dtype, _explicit_sharding(rhs.aval)
     if not p.transpose_b:  # rhs_bar (b, k, n) = lhs^T (b, k, m) @ ct (b, m, n)
         new = _swap_problem(p, m=p.k, n=p.n, k=p.m, lhs_dtype=lhs.dtype, rhs_dtype=ct.dtype,
                             out_dtype=rhs_dtype, transpose_a=not p.transpose_a, transpose_b=False)
-        return bind_matmul(lhs, ct, new)
+        return bind_matmul(lhs, ct, new, sharding)
     # rhs stored (b, n, k): rhs_bar = ct^T (b, n, m) @ lhs (b, m, k)
     new = _swap_problem(p, m=p.n, n=p.k, k=p.m, lhs_dtype=ct.dtype, rhs_dtype=lhs.dtype,
                         out_dtype=rhs_dtype, transpose_a=True, transpose_b=p.transpose_a)
-    return bind_matmul(ct, lhs, new)
+    return bind_matmul(ct, lhs, new, sharding)
 
 
 # ---------------------------------------------------------------- vmap
 
-def _batching_rule(args, dims, *, problem, key):
-    """Fold the mapped axis into the problem's batch (or into m when rhs is unmapped)."""
+def _batching_rule(args, dims, *, problem, key, out_sharding):
+    """Fold the mapped axis into the problem's batch (or into m when rhs is unmapped).
+
+    With an Explicit out_sharding the folded shapes would need shardings of their own:
+    there, lax's dot and its own batching rule do it (XLA's dot, untuned).
+    """
     lhs, rhs = args
     lhs_dim, rhs_dim = dims
+    if out_sharding is not None:
+        dot = functools.partial(xla_dot, problem=problem, out_sharding=out_sharding)
+        return jax.vmap(dot, in_axes=(lhs_dim, rhs_dim))(lhs, rhs), 0
     size = lhs.shape[lhs_dim] if lhs_dim is not None else rhs.shape[rhs_dim]
     if rhs_dim is None and not problem.transpose_a and problem.batch == 1:
         # (V, 1, m, k) @ (1, k, n): one (1, V*m, k) problem, no copy of rhs
@@ -158,13 +207,13 @@ def _batching_rule(args, dims, *, problem, key):
 # ---------------------------------------------------------------- registration
 
 @functools.lru_cache(maxsize=512)
-def _eager(problem: MatmulProblem, key):
-    return jax.jit(lambda a, b: matmul_p.bind(a, b, problem=problem, key=key))
+def _eager(problem: MatmulProblem, key, out_sharding):
+    return jax.jit(lambda a, b: matmul_p.bind(a, b, problem=problem, key=key, out_sharding=out_sharding))
 
 
-def _impl(lhs, rhs, *, problem, key):
+def _impl(lhs, rhs, *, problem, key, out_sharding):
     """Eager calls compile through the same lowering (and so the same tuner)."""
-    return _eager(problem, key)(lhs, rhs)
+    return _eager(problem, key, out_sharding)(lhs, rhs)
 
 
 matmul_p.def_impl(_impl)

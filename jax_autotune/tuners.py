@@ -83,7 +83,7 @@ def _use_compilation_cache(settings: tuple) -> None:
 
 
 def _build(platform: str) -> Tuner:
-    jax_device = jax.devices(platform)[0]
+    jax_device = jax.local_devices(backend=platform)[0]  # this process's own, in a multi-process job
     native = native_module(jax_device.platform)
     device = device_info(jax_device, native.cpu_features() if native else frozenset())
     return Tuner(device, candidate_set_for(device), jax_device=jax_device, native=native)

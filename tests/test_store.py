@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from jax_autotune import config
-from jax_autotune.tuning.store import (JaxAutotuneStoreWarning, StoreEntry, TuneStore,
-                                decision_namespace, open_store, throughput_namespace)
+from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
+from jax_autotune.tuning.store import JaxAutotuneStoreWarning, StoreEntry, TuneStore, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"

@@ -28,8 +28,10 @@ def dimension_numbers(problem: MatmulProblem):
     return (((lhs_contract,), (rhs_contract,)), ((0,), (0,)))
 
 
-def xla_dot(lhs, rhs, problem: MatmulProblem, precision: Precision | str | None = None):
-    """``lax.dot_general`` on canonical operands; output (batch, m, n) in out_dtype.
+def xla_dot(lhs, rhs, problem: MatmulProblem, precision: Precision | str | None = None, *,
+            out_sharding=None):
+    """``lax.dot_general`` on canonical operands; output (batch, m, n) in out_dtype
+    (``out_sharding`` as lax takes it, under Explicit mesh axes).
 
     A transposed lhs contracts over its dim 1, so the result's m axis comes out last
     for it; lax puts free lhs dims before free rhs dims, which is (batch, m, n) either way.
@@ -37,7 +39,7 @@ def xla_dot(lhs, rhs, problem: MatmulProblem, precision: Precision | str | None 
     out = lax.dot_general(
         lhs, rhs, dimension_numbers(problem),
         precision=lax_precision(precision or problem.precision),
-        preferred_element_type=jnp.dtype(problem.out_dtype),
+        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=out_sharding,
     )
     return out.astype(problem.out_dtype)
 

@@ -23,7 +23,7 @@ from jax_autotune.problem import MatmulProblem
 
 OUTCOMES = ("ok", "compile_error", "resource_exhausted", "runtime_error", "wrong_result",
             "no_timing", "skipped")
-SOURCES = ("tuned", "memory", "store", "table", "fallback")
+SOURCES = ("tuned", "memory", "store", "table", "fallback", "adopted")
 
 
 @dataclasses.dataclass(frozen=True)

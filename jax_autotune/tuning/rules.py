@@ -26,6 +26,8 @@ class TuningRules:
     baseline_margin: float = 0.02  # a candidate must beat XLA's dot by this to replace it
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
     compile_ahead: int = 4  # device timers: candidates compiling while one is measured
+    claim_lease_seconds: float = 15.0  # a key's claim in a shared store lapses after this (renewed while tuning)
+    peer_wait_seconds: float | None = None  # waiting for another process's decision; None: 3 x budget + 60 s
 
     # roofline thresholds: the fraction of peak that counts as "good enough"
     thresholds: tuple[tuple[str, float | None], ...] = (
@@ -40,6 +42,10 @@ class TuningRules:
             raise ValueError("TuningRules: need 1 <= min_samples <= max_samples")
         if self.prune_ratio <= 1.0:
             raise ValueError("TuningRules: prune_ratio must be > 1")
+
+    def peer_wait(self, budget_seconds: float) -> float:
+        """How long to wait for another process tuning a key (its budget, compiles, probes)."""
+        return self.peer_wait_seconds if self.peer_wait_seconds is not None else 3 * budget_seconds + 60
 
     def threshold(self, level: Level | str) -> float | None:
         return dict(self.thresholds)[Level(level).value]

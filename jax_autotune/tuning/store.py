@@ -1,7 +1,7 @@
 """The persistent tune store: tuning decisions and device throughput on disk (SQLite).
 
 One database file per environment, ``<cache_dir>/<environment>.db`` (see
-:func:`open_store`), holding one table::
+:func:`open_store`), holding two tables::
 
     CREATE TABLE entries (
         namespace TEXT NOT NULL,   -- e.g. 'autotune/0.1.0/0.10.2/<device>/matmul'
@@ -11,8 +11,14 @@ One database file per environment, ``<cache_dir>/<environment>.db`` (see
         updated   REAL NOT NULL,   -- time.time() of the last write
         PRIMARY KEY (namespace, key, checksum)
     )
+    CREATE TABLE claims (          -- a key being tuned by one process (see ``claim``)
+        namespace, key, checksum,  -- as in entries
+        owner     TEXT NOT NULL,   -- host:pid:token of the tuning process
+        expires   REAL NOT NULL,   -- time.time() after which another process may take over
+        PRIMARY KEY (namespace, key, checksum)
+    )
 
-Namespaces (built by :func:`decision_namespace` and :func:`throughput_namespace`):
+Namespaces (built by ``tuning.namespaces``):
 
 - ``autotune/<jax_autotune version>/<jax version>/<device fingerprint>/matmul`` — one row
   per tuned key: the winner and every candidate's results, bounds and limit.
@@ -47,18 +53,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
-
-import jax
+from typing import Any, Callable
 
 import jax_autotune.config as config
-from jax_autotune._version import __version__
 
-__all__ = [
-    "BUSY_TIMEOUT_SECONDS", "DecisionNamespace", "JaxAutotuneStoreWarning", "StoreEntry",
-    "TuneStore", "current_decision_prefix", "decision_namespace", "open_store",
-    "throughput_namespace",
-]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "JaxAutotuneStoreWarning", "StoreEntry", "TuneStore", "open_store"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -70,7 +69,15 @@ CREATE TABLE IF NOT EXISTS entries (
     value     TEXT NOT NULL,
     updated   REAL NOT NULL,
     PRIMARY KEY (namespace, key, checksum)
-)
+);
+CREATE TABLE IF NOT EXISTS claims (
+    namespace TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    checksum  TEXT NOT NULL,
+    owner     TEXT NOT NULL,
+    expires   REAL NOT NULL,
+    PRIMARY KEY (namespace, key, checksum)
+);
 """
 
 # Errors that mean "the disk store does not work"; anything else is a bug and propagates.
@@ -94,67 +101,6 @@ class StoreEntry:
     checksum: str
     value: dict[str, Any]
     updated: float
-
-
-def _check_fingerprint(device_fingerprint: str) -> str:
-    if not isinstance(device_fingerprint, str) or not device_fingerprint or "/" in device_fingerprint:
-        raise ValueError("device_fingerprint: expected a non-empty string without '/', "
-                         f"got {device_fingerprint!r}")
-    return device_fingerprint
-
-
-# The one home of the namespace formats: ``autotune/<version>/<jax>/<device>/matmul`` for
-# decisions, ``throughput/<version>/<device>`` for probe results.
-DECISIONS = "autotune"
-THROUGHPUT = "throughput"
-_TUNER_NAME = "matmul"
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionNamespace:
-    """The parts of a decision namespace.
-
-        >>> DecisionNamespace.parse("autotune/0.1.0/0.10.2/cpu-x/matmul").device
-        'cpu-x'
-    """
-
-    version: str
-    jax_version: str
-    device: str
-
-    def __str__(self) -> str:
-        return f"{DECISIONS}/{self.version}/{self.jax_version}/{self.device}/{_TUNER_NAME}"
-
-    @classmethod
-    def parse(cls, namespace: str) -> "DecisionNamespace | None":
-        """The parts of ``namespace``, or None when it is not a decision namespace."""
-        parts = namespace.split("/")
-        if len(parts) != 5 or parts[0] != DECISIONS or parts[4] != _TUNER_NAME or not all(parts):
-            return None
-        return cls(parts[1], parts[2], parts[3])
-
-
-def decision_namespace(device_fingerprint: str) -> str:
-    """The namespace of matmul tuning decisions for this package, this jax and this device.
-
-        >>> decision_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
-        'autotune/0.1.0/0.10.2/cuda-NVIDIA_H200-139GiB/matmul'
-    """
-    return str(DecisionNamespace(__version__, jax.__version__, _check_fingerprint(device_fingerprint)))
-
-
-def current_decision_prefix() -> str:
-    """The prefix of every decision namespace of this package and jax version."""
-    return f"{DECISIONS}/{__version__}/{jax.__version__}/"
-
-
-def throughput_namespace(device_fingerprint: str) -> str:
-    """The namespace of a device's measured peaks and launch overhead (jax-independent).
-
-        >>> throughput_namespace("cpu-x86_64")   # doctest: +SKIP
-        'throughput/0.1.0/cpu-x86_64'
-    """
-    return f"{THROUGHPUT}/{__version__}/{_check_fingerprint(device_fingerprint)}"
 
 
 def _namespace_filter(namespace: str | None, namespace_prefix: str | None) -> tuple[str, tuple]:
@@ -229,7 +175,7 @@ class TuneStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
             self._retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
-            self._retry_locked(lambda: conn.execute(_SCHEMA))
+            self._retry_locked(lambda: conn.executescript(_SCHEMA))
         except BaseException:
             conn.close()
             raise
@@ -325,6 +271,97 @@ class TuneStore:
                              (namespace, key, checksum, text, time.time()))
             except _DISK_ERRORS as err:
                 self._fail(err)
+
+    def put_if_absent(self, namespace: str, key: str, checksum: str, value: dict,
+                      keep: Callable[[dict], bool] = lambda value: True) -> tuple[dict, bool]:
+        """Store ``value`` unless a value that ``keep`` accepts is stored under (namespace,
+        key, checksum) already, and drop the key's claim; returns (the stored value, whether
+        it is ``value``): a concurrent tuning never replaces a stored decision. Memory-only:
+        (value, True).
+
+            >>> store.put_if_absent(ns, "k1", "c1", {"winner": "b"})   # doctest: +SKIP
+            ({'winner': 'a'}, False)
+        """
+        text = json.dumps(value, sort_keys=True)
+
+        def body(conn):
+            stored = self._kept(conn, namespace, key, checksum, keep)
+            if stored is None:
+                conn.execute("INSERT OR REPLACE INTO entries (namespace, key, checksum, value, "
+                             "updated) VALUES (?, ?, ?, ?, ?)",
+                             (namespace, key, checksum, text, time.time()))
+            conn.execute("DELETE FROM claims WHERE namespace = ? AND key = ? AND checksum = ?",
+                         (namespace, key, checksum))
+            return (value, True) if stored is None else (stored, False)
+
+        return self._transaction(body) or (value, True)
+
+    def _kept(self, conn, namespace: str, key: str, checksum: str, keep) -> dict | None:
+        """The stored value of a key when it decodes and ``keep`` accepts it, else None."""
+        row = conn.execute("SELECT value FROM entries WHERE namespace = ? AND key = ? "
+                           "AND checksum = ?", (namespace, key, checksum)).fetchone()
+        value = None if row is None else self._decode(namespace, key, checksum, row[0])
+        return value if value is not None and keep(value) else None
+
+    def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
+              expired=lambda owner, expires: False,
+              keep: Callable[[dict], bool] = lambda value: True) -> tuple[str, Any]:
+        """One atomic step towards tuning a key once per store: ``("decided", value)`` when
+        a value ``keep`` accepts is stored, ``("claimed", None)`` when ``owner`` now holds
+        the claim (new, its own, or one whose lease ran out or that ``expired(owner,
+        expires)`` says is dead), else ``("busy", holder)``. A memory-only store always
+        answers ``claimed``.
+
+            >>> store.claim(ns, "k1", "c1", "host:123:ab", lease_seconds=15)   # doctest: +SKIP
+            ('claimed', None)
+        """
+        def body(conn):
+            value = self._kept(conn, namespace, key, checksum, keep)
+            if value is not None:
+                return "decided", value
+            now = time.time()
+            held = conn.execute("SELECT owner, expires FROM claims WHERE namespace = ? AND "
+                                "key = ? AND checksum = ?", (namespace, key, checksum)).fetchone()
+            if held is not None and held[0] != owner and held[1] > now and not expired(*held):
+                return "busy", held[0]
+            conn.execute("INSERT OR REPLACE INTO claims (namespace, key, checksum, owner, expires) "
+                         "VALUES (?, ?, ?, ?, ?)", (namespace, key, checksum, owner, now + lease_seconds))
+            return "claimed", None
+
+        result = self._transaction(body)
+        return ("claimed", None) if result is None else result
+
+    def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:
+        """Extend ``owner``'s lease; False when it no longer holds the claim."""
+        return bool(self._transaction(lambda conn: conn.execute(
+            "UPDATE claims SET expires = ? WHERE namespace = ? AND key = ? AND checksum = ? "
+            "AND owner = ?", (time.time() + lease_seconds, namespace, key, checksum, owner)).rowcount))
+
+    def release(self, namespace: str, key: str, checksum: str, owner: str) -> None:
+        """Drop ``owner``'s claim without a decision (others may claim at once)."""
+        self._transaction(lambda conn: conn.execute(
+            "DELETE FROM claims WHERE namespace = ? AND key = ? AND checksum = ? AND owner = ?",
+            (namespace, key, checksum, owner)))
+
+    def _transaction(self, body):
+        """``body(conn)`` inside BEGIN IMMEDIATE ... COMMIT (the write lock taken up front, so
+        two processes never deadlock upgrading a read); None when memory-only or failed."""
+        with self._lock:
+            try:
+                conn = self._connection(create=True)
+                if conn is None:
+                    return None
+                self._retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"))
+                try:
+                    result = body(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except _DISK_ERRORS as err:
+                self._fail(err)
+                return None
 
     def delete(self, namespace: str | None = None, *, namespace_prefix: str | None = None) -> int:
         """Remove the rows of one namespace, of every namespace starting with a prefix, or

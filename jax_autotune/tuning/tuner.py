@@ -22,8 +22,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -34,6 +36,8 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters
 from jax_autotune.tuning.bench import CompileQueue, KeyBenchmark
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
+from jax_autotune.tuning.consensus import (JaxAutotuneConsensusWarning, current_job, decide_in_job,
+                                           decide_on_host, job_key)
 from jax_autotune.tuning.correctness import prepare_check, reference
 from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
 from jax_autotune.tuning.device import DeviceInfo
@@ -41,7 +45,8 @@ from jax_autotune.tuning.plan import make_plan
 from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
-from jax_autotune.tuning.store import TuneStore, decision_namespace, open_store
+from jax_autotune.tuning.namespaces import decision_namespace
+from jax_autotune.tuning.store import TuneStore, open_store
 from jax_autotune.tuning.timing import Timer, random_operands, timer_for
 
 class PhaseClock:
@@ -98,13 +103,15 @@ class Tuner:
 
     def _from_store(self, key: MatmulKey) -> Decision | None:
         data = self.store.get(self.namespace, key.canonical(), self.checksum)
-        if data is None:
-            return None
+        return None if data is None else self._usable(data)
+
+    def _usable(self, data: dict) -> Decision | None:
+        """A stored value as a decision this build can run, else None (re-tune)."""
         try:
             decision = Decision.from_json(data)
             self.candidate(decision.winner)
-        except (ValueError, KeyError):
-            return None  # unknown winner or damaged value: re-tune
+        except (ValueError, KeyError, TypeError):
+            return None  # unknown winner or damaged value
         return decision.with_source("store")
 
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
@@ -120,30 +127,62 @@ class Tuner:
                     return self._memory[key].with_source("memory")
                 pending = self._pending.get(key)
                 if pending is None:
-                    stored = self._from_store(key)
-                    if stored is not None:
-                        counters.bump("store_hits")
-                        self._memory[key] = stored
-                        return stored
-                    if mode == "cached":
-                        return self._fallback(key, problem, "mode cached: key not in the table")
-                    if mode == "require":
-                        raise KeyNotTunedError(_require_message(key, problem))
                     event = self._pending[key] = threading.Event()
                     break
-            pending.wait()  # another thread is tuning this key
+            pending.wait()  # another thread is deciding this key
         try:
-            decision = self._tune(key, problem)
+            decision = self._decide(key, problem, mode)
             with self._lock:
                 self._memory[key] = decision
-            if decision.source == "tuned":  # a failed tuning is retried by the next process
-                self.store.put(self.namespace, key.canonical(), self.checksum, decision.to_json())
-            log_decision(decision, config.get("log_decisions"))
             return decision
         finally:
             with self._lock:
                 self._pending.pop(key, None)
             event.set()
+
+    def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> Decision:
+        """A key missing from memory: the store's decision, or one made now, once per
+        host (claims in the store) or per job (``tuning.consensus``)."""
+        stored, job = self._from_store(key), current_job()
+        if stored is None and mode == "require":
+            raise KeyNotTunedError(_require_message(key, problem))
+        if job is None and stored is not None:
+            counters.bump("store_hits")
+            return stored
+        if job is None and mode == "cached":
+            return self._fallback(key, problem, "mode cached: key not in the table")
+        rules = self.rules or DEFAULT_RULES
+        wait = rules.peer_wait(rules.budget_seconds or config.get("budget_seconds"))
+        fallback = functools.partial(self._fallback, key, problem)
+        tune = functools.partial(self._tune, key, problem)
+        if job is None:
+            decision, how = decide_on_host(self.store, self.namespace, key.canonical(), self.checksum,
+                                           tune, fallback, rules.claim_lease_seconds, wait,
+                                           usable=lambda data: self._usable(data) is not None)
+        else:
+            propose = (lambda: stored) if stored is not None else (
+                (lambda: fallback("mode cached: key not in the table")) if mode == "cached" else tune)
+            try:
+                decision, how = decide_in_job(job, job_key(self.device.platform, self.checksum, key.canonical()),
+                                              propose, fallback, wait)
+            except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
+                warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
+                              f"{str(err)[:200]}); XLA's dot for this key in this process",
+                              JaxAutotuneConsensusWarning, stacklevel=3)
+                decision, how = fallback("the job's key-value store failed"), "fallback"
+            if how == "proposed" and stored is not None:
+                how = "stored"
+            if stored is None and decision.source in ("tuned", "adopted"):
+                self.store.put_if_absent(self.namespace, key.canonical(), self.checksum,
+                                         dataclasses.replace(decision, device=self.device.fingerprint).to_json(),
+                                         keep=lambda data: self._usable(data) is not None)
+        if how == "stored":
+            counters.bump("store_hits")
+            return decision.with_source("store")
+        if how == "adopted":
+            decision = dataclasses.replace(decision, source="adopted", device=self.device.fingerprint)
+        log_decision(decision, config.get("log_decisions"))
+        return decision
 
     def install(self, decision: Decision, persist: bool = True) -> bool:
         """Put a decision (e.g. from a tune table) into memory and the store.
