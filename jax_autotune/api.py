@@ -75,13 +75,13 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
         final_shape = (*batch_shape, *([m] if not vector_a else []), *([n] if not vector_b else []))
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
-        lhs = a2.reshape(1, batch * m, k)
+        lhs = _reshape(a2, (1, batch * m, k))
         problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision)
-        out = bind_matmul(lhs, b2.reshape(1, k, n), problem,
+        out = bind_matmul(lhs, _reshape(b2, (1, k, n)), problem,
                           _canonical_sharding(out_sharding, final_shape, problem.out_shape))
     else:
-        lhs = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(batch, m, k)
-        rhs = jnp.broadcast_to(b2, (*batch_shape, k, n)).reshape(batch, k, n)
+        lhs = _reshape(jnp.broadcast_to(a2, (*batch_shape, m, k)), (batch, m, k))
+        rhs = _reshape(jnp.broadcast_to(b2, (*batch_shape, k, n)), (batch, k, n))
         problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision)
         out = bind_matmul(lhs, rhs, problem,
                           _canonical_sharding(out_sharding, final_shape, problem.out_shape))
@@ -117,10 +117,16 @@ def _canonical_sharding(out_sharding, final_shape, canonical_shape):
     return jax.eval_shape(lambda x: _reshape(x, canonical_shape, None), final).sharding
 
 
-def _reshape(x, shape, out_sharding):
+def _reshape(x, shape, out_sharding=None):
+    """``x`` reshaped; without an out_sharding, a leading unit batch axis is added or
+    dropped as its own step, which jax's reshape rules follow under Explicit axes."""
     shape = tuple(shape)
     if tuple(x.shape) == shape:
         return x
+    if out_sharding is None and len(shape) == 3 and shape[0] == 1 and x.shape[:1] != (1,):
+        return lax.expand_dims(_reshape(x, shape[1:]), (0,))
+    if out_sharding is None and x.ndim == 3 and x.shape[0] == 1 and shape[:1] != (1,):
+        return _reshape(lax.squeeze(x, (0,)), shape)
     return jnp.reshape(x, shape, out_sharding=out_sharding)
 
 
@@ -147,7 +153,7 @@ def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first
     shape = (size(batch), size(first), size(second))
     if order != identity:
         x = jnp.transpose(x, order)
-    return x.reshape(shape), transposed
+    return _reshape(x, shape), transposed
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):

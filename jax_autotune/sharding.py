@@ -23,12 +23,10 @@ cache_key`` is set, in which case a changed per-shard decision is not part of th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import threading
-from typing import Callable, Iterator
+from typing import Callable
 
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -138,24 +136,6 @@ def plan_shards(problem: MatmulProblem, mesh_shape: dict, lhs_spec, rhs_spec) ->
 
 # ---------------------------------------------------------------- the per-shard kernels
 
-_recording = threading.local()
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Collect (problem, decision) of every per-shard key asked for while compiling.
-
-        >>> with recording() as asked:
-        ...     jax.jit(step).lower(params, batch).compile()
-    """
-    previous = getattr(_recording, "asked", None)
-    _recording.asked = asked = []
-    try:
-        yield asked
-    finally:
-        _recording.asked = previous
-
-
 @dataclasses.dataclass(frozen=True)
 class ShardKernels:
     """``kernels(shard_problem) -> fn(lhs, rhs)``: the platform tuner's winner for the
@@ -166,9 +146,6 @@ class ShardKernels:
     def __call__(self, shard: MatmulProblem) -> Callable:
         tuner = tuner_for(self.platform)
         decision = tuner.select(shard, shard.key(config.get("level")))
-        asked = getattr(_recording, "asked", None)
-        if asked is not None:
-            asked.append((shard, decision))
         candidate = tuner.candidate(decision.winner)
         return functools.partial(_call, candidate.fn, problem=shard)
 

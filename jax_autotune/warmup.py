@@ -7,7 +7,13 @@
 ``warmup(fn, *args)`` traces ``fn`` (and ``jax.grad`` of its first output with respect
 to its first argument when ``grad=True``), walks every nested jaxpr (pjit, scan, while,
 cond, custom_vjp/jvp, remat, shard_map) and tunes each matmul key it finds, so that
-compiling ``fn`` afterwards tunes nothing.
+compiling ``fn`` afterwards tunes nothing. When an argument is sharded over several
+devices, the keys a compile asks for are per-shard keys that only XLA's partitioner
+knows: then warmup compiles ``jax.jit(fn)`` (and its grad) for the arguments, and the
+report lists the keys that compile asked for.
+
+In a jax.distributed job, every process walks the same key list from its own offset, so
+the processes tune different keys first and each ends with every decision.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.primitive import matmul_p
 from jax_autotune.tuners import tuner_for
+from jax_autotune.tuning.consensus import current_job
+from jax_autotune.tuning.tuner import record_decisions
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 
 
@@ -126,6 +134,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
            transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
            platform: str | None = None, progress: bool | None = None) -> WarmupReport:
     """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``."""
+    if callable(shapes_or_fn) and _spans_devices(example_args):
+        return _warmup_by_compiling(shapes_or_fn, example_args, grad)
     if callable(shapes_or_fn):
         fn = shapes_or_fn
         pairs = matmul_problems(jax.make_jaxpr(fn)(*example_args))
@@ -141,6 +151,10 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         work = [(p, p.key(level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
+    job = current_job()
+    if job is not None and work:  # each process starts on its own share of the list
+        offset = len(work) * job.process_index // job.process_count
+        work = work[offset:] + work[:offset]
     show = sys.stderr.isatty() if progress is None else progress
     iterator = work
     if show and work:
@@ -154,3 +168,28 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         seen.add(key)
         entries.append(WarmupEntry.of(tuner.select(problem, key)))
     return WarmupReport(tuple(entries))
+
+
+def _spans_devices(args) -> bool:
+    """Whether an argument is (or is to be) sharded over more than one device."""
+    for leaf in jax.tree_util.tree_leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        devices = getattr(sharding, "device_set", None)
+        if devices is not None and len(devices) > 1:
+            return True
+    return False
+
+
+def _warmup_by_compiling(fn: Callable, example_args: tuple, grad: bool) -> WarmupReport:
+    """Compile ``jax.jit(fn)`` (and its grad) for sharded arguments: XLA's partitioner asks
+    for every per-shard key while it compiles, and the tuner decides each."""
+    with record_decisions() as asked:
+        jax.jit(fn).lower(*example_args).compile()
+        if grad:
+            if not example_args:
+                raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
+            jax.jit(jax.grad(_first_output(fn))).lower(*example_args).compile()
+    by_key: dict[MatmulKey, Decision] = {}
+    for decision in asked:
+        by_key.setdefault(decision.key, decision)
+    return WarmupReport(tuple(WarmupEntry.of(d) for d in by_key.values()))

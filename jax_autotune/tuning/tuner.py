@@ -68,6 +68,36 @@ class KeyNotTunedError(RuntimeError):
     """Mode ``require`` met a key that is not in the tune table."""
 
 
+_recorders: list[list] = []
+_recorders_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def record_decisions():
+    """Collect the decision of every key any tuner is asked for meanwhile, from any
+    thread (XLA's partitioner asks for per-shard keys while it compiles).
+
+        >>> with record_decisions() as asked:
+        ...     jax.jit(step).lower(params, batch).compile()
+        >>> [d.key for d in asked]
+    """
+    asked: list = []
+    with _recorders_lock:
+        _recorders.append(asked)
+    try:
+        yield asked
+    finally:
+        with _recorders_lock:
+            _recorders.remove(asked)
+
+
+def _record(decision: Decision) -> Decision:
+    with _recorders_lock:
+        for asked in _recorders:
+            asked.append(decision)
+    return decision
+
+
 class Tuner:
     """Decisions for one device: memory table, store, plan, benchmark."""
 
@@ -124,7 +154,7 @@ class Tuner:
             with self._lock:
                 if key in self._memory:
                     counters.bump("memory_hits")
-                    return self._memory[key].with_source("memory")
+                    return _record(self._memory[key].with_source("memory"))
                 pending = self._pending.get(key)
                 if pending is None:
                     event = self._pending[key] = threading.Event()
@@ -134,7 +164,7 @@ class Tuner:
             decision = self._decide(key, problem, mode)
             with self._lock:
                 self._memory[key] = decision
-            return decision
+            return _record(decision)
         finally:
             with self._lock:
                 self._pending.pop(key, None)
