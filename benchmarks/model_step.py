@@ -151,15 +151,15 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     import jax
     command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])
-    text = report(rows, command, jax.__version__, args)
+    text = report(rows, command, jax.__version__, jax.devices()[0].device_kind, args)
     print(text)
     write_results(args.out, f"model_step_{datetime.date.today().isoformat()}", text,
                   {"rows": rows, "command": command})
 
 
-def report(rows, command, jax_version, args) -> str:
+def report(rows, command, jax_version, device, args) -> str:
     plain = next((r for r in rows if r["variant"] == "plain" and "step_ms" in r), None)
-    lines = [f"# Model step on an H200, {datetime.date.today().isoformat()}", "",
+    lines = [f"# Model step on {device}, {datetime.date.today().isoformat()}", "",
              f"jax {jax_version}; command: `{command}`", "",
              f"GPT-2-like: {args.layers} layers, d {args.d}, {args.heads} heads, vocabulary {args.vocab}, "
              f"batch {args.batch} x {args.seq}, bf16 compute, AdamW.", "",

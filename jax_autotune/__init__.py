@@ -1,6 +1,7 @@
 """jax_autotune: a matmul autotuner for JAX.
 
     >>> import jax, jax_autotune as jat
+    >>> jax.jit(jat.autotune(train_step))               # every matmul inside is tuned
     >>> jax.jit(jat.matmul)(x, w)                       # jnp.matmul semantics, tuned kernel
     >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
 
@@ -12,6 +13,7 @@ first use, so orbax stays optional.
 import jax_autotune.config as config
 from jax_autotune._version import __version__
 from jax_autotune.api import dot_general, key_for, matmul
+from jax_autotune.autotune import autotune
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tables.install import load_table, table
@@ -25,7 +27,7 @@ from jax_autotune.warmup import WarmupReport, warmup
 __all__ = [
     "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
     "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
-    "TuneTableWarning", "WarmupReport", "__version__", "config", "dot_general",
+    "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "dot_general",
     "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
 ]
 

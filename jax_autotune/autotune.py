@@ -1,0 +1,213 @@
+"""``autotune(fn)``: ``fn`` with every matmul it traces to tuned, without changing its source.
+
+    >>> import jax, jax.numpy as jnp, jax_autotune as jat
+    >>> def attention(q, k, v):
+    ...     return jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k)) @ v
+    >>> fast = jax.jit(jat.autotune(attention))     # also: grad, vmap, warmup(autotune(f), ...)
+    >>> fast(q, k, v)
+
+``einsum``, ``@``, ``jnp.dot``/``matmul``/``tensordot``, ``lax.dot_general`` and flax's
+``Dense``/``DenseGeneral``/``Einsum``/``nnx.Linear`` all trace to ``dot_general`` equations.
+``fn`` is traced to a jaxpr once per abstract signature, and that jaxpr is traced again
+through a small interpreter that binds every equation as JAX would, except that each
+``dot_general`` the tuner serves (see ``_tuner_serves``) goes through ``jat.dot_general``,
+with its precision, preferred_element_type and out_sharding. The interpreter recurses into
+the jaxprs of nested jit, scan, while, cond, ``jax.checkpoint``, closed_call, custom_jvp
+(primal and jvp rule), custom_vjp (primal and fwd rule) and shard_map bodies. Each call
+evaluates the cached rewritten jaxpr, so effects (prints, callbacks) happen once per call,
+in order.
+
+Left as lax's own dot (no tuning cost):
+  * integer, complex, bool, float8 and mixed-dtype dots, and dots with an empty or symbolic
+    dimension: no candidate serves them;
+  * dots with a ``lax.DotAlgorithmPreset`` precision: ``jat.dot_general`` does not take
+    algorithm presets yet (``_tuner_takes_precision`` is the one place that says so);
+  * weak-typed dots (both operands weakly typed): ``jat.dot_general`` returns a strong
+    type, which would change e.g. a scan carry's type;
+  * dots with an explicit ``out_sharding``: ``jat.dot_general`` hands them to lax.
+Left as is:
+  * a ``custom_vjp``'s ``bwd`` rule: a Python function, not a jaxpr, that may return symbolic
+    zeros, which cannot be traced. Tune it with ``f.defvjp(fwd, jat.autotune(bwd))``, or
+    transform the gradient: ``jat.autotune(jax.grad(loss))`` traces bwd into the jaxpr;
+  * primitives whose sub-jaxprs are not plain JAX programs, or not in ``_SUBJAXPR_PARAMS``
+    (pallas_call kernels, custom_transpose, linear_call, run_state, ...): bound unchanged.
+
+Arguments: array leaves (``jax.Array``, tracers, NumPy arrays and scalars) are traced. Every
+other leaf, Python numbers included, is static and part of the cache key, as with
+``static_argnums``: ``fn`` sees exactly what it was given, so ``jax.jit(autotune(fn),
+static_argnums=...)`` and ``range(n)`` work. Under ``jax.jit`` a Python number that jit
+makes dynamic arrives as a tracer; eagerly, each new value is a new trace. Values ``fn``
+closes over are read at its first trace of a signature, as with ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax import lax
+from jax.extend import linear_util as lu
+from jax.extend import source_info_util
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
+
+from jax_autotune.api import dot_general
+
+_TUNED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+# primitive name -> its params that hold jaxprs (or jaxpr thunks) to rewrite. "pjit",
+# "checkpoint", "custom_vjp_call_jaxpr" and "jvp_jaxpr_thunk" are names of older jax.
+_SUBJAXPR_PARAMS = {
+    "jit": ("jaxpr",), "pjit": ("jaxpr",),
+    "scan": ("jaxpr",),
+    "while": ("cond_jaxpr", "body_jaxpr"),
+    "cond": ("branches",),
+    "remat2": ("jaxpr",), "checkpoint": ("jaxpr",),
+    "closed_call": ("call_jaxpr",), "call": ("call_jaxpr",),
+    "custom_jvp_call": ("call_jaxpr", "jvp_jaxpr_fun", "jvp_jaxpr_thunk"),
+    "custom_vjp_call": ("call_jaxpr", "fwd_jaxpr_thunk"),
+    "custom_vjp_call_jaxpr": ("fun_jaxpr", "fwd_jaxpr_thunk"),
+}
+_SHARD_MAP_PARAMS = {"jaxpr", "mesh", "in_specs", "out_specs", "check_vma", "newly_manual_axes"}
+
+
+def autotune(fn):
+    """``fn`` with every matmul it traces to bound as the tuned primitive: same signature,
+    same pytree in/out structure. See the module docstring for what stays lax's.
+
+    >>> train_step = jax.jit(jat.autotune(train_step))
+    >>> loss, grads = jax.value_and_grad(jat.autotune(loss_fn))(params, batch)
+    """
+    if not callable(fn):
+        raise TypeError(f"autotune(fn): fn must be callable, got {type(fn).__name__} {fn!r}")
+    cache = {}
+
+    @functools.wraps(fn)
+    def tuned(*args, **kwargs):
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        is_array = tuple(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves)
+        arrays = [x for x, array in zip(leaves, is_array) if array]
+        avals = tuple(jax.typeof(x) for x in arrays)
+        static = tuple((type(x), x) for x, array in zip(leaves, is_array) if not array)
+        key = (in_tree, is_array, static, avals)
+        try:
+            entry = cache.get(key)
+        except TypeError:  # an unhashable static leaf: traced on every call
+            key = entry = None
+        if entry is None:
+            entry = _trace(fn, in_tree, leaves, is_array, avals)
+            closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in entry[0].consts)
+            if key is not None and not closes_over_tracer:
+                cache[key] = entry
+        closed, out_tree = entry
+        return jax.tree_util.tree_unflatten(out_tree, jaxpr_as_fun(closed)(*arrays))
+
+    return tuned
+
+
+def _trace(fn, in_tree, leaves, is_array, avals):
+    """(fn's rewritten ClosedJaxpr over its array leaves, fn's output tree)."""
+    static = [None if array else x for x, array in zip(leaves, is_array)]
+
+    def flat_fn(*arrays):
+        it = iter(arrays)
+        args, kwargs = jax.tree_util.tree_unflatten(
+            in_tree, [next(it) if array else x for x, array in zip(static, is_array)])
+        return fn(*args, **kwargs)
+
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+    return _rewrite(closed), jax.tree_util.tree_structure(out_shape)
+
+
+def _rewrite(jaxpr):
+    """The same program with its matmuls tuned: a jaxpr of the same kind and avals."""
+    closed = jaxpr if isinstance(jaxpr, ClosedJaxpr) else ClosedJaxpr(jaxpr, ())
+    new = jax.make_jaxpr(functools.partial(_eval, closed))(*closed.in_avals)
+    if isinstance(jaxpr, ClosedJaxpr):
+        return new
+    # an open jaxpr (checkpoint, shard_map bodies) cannot hold consts; its operands are
+    # lifted arrays and the tuned dot adds only reshapes and transposes, so none appear
+    return jaxpr if new.consts else new.jaxpr
+
+
+def _eval(closed, *args):
+    """``core.eval_jaxpr``, each equation bound by ``_bind`` under its own context."""
+    env = dict(zip(closed.jaxpr.constvars, closed.consts))
+    env.update(zip(closed.jaxpr.invars, args))
+
+    def read(atom):
+        return atom.val if isinstance(atom, Literal) else env[atom]
+
+    for eqn in closed.jaxpr.eqns:
+        info = eqn.source_info
+        name_stack = source_info_util.current_name_stack() + info.name_stack
+        with source_info_util.user_context(info.traceback, name_stack=name_stack), eqn.ctx.manager:
+            out = _bind(eqn, [read(v) for v in eqn.invars])
+        env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+    return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _bind(eqn, invals):
+    name, params = eqn.primitive.name, eqn.params
+    if name == "dot_general" and _tuner_serves(eqn):
+        extra = {"out_sharding": params["out_sharding"]} if "out_sharding" in params else {}
+        return dot_general(*invals, params["dimension_numbers"], precision=params["precision"],
+                           preferred_element_type=params["preferred_element_type"], **extra)
+    if name == "shard_map" and set(params) == _SHARD_MAP_PARAMS:
+        return _shard_map(invals, **params)
+    if name in _SUBJAXPR_PARAMS:
+        params = {k: _rewrite_param(v) if k in _SUBJAXPR_PARAMS[name] else v for k, v in params.items()}
+    return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+def _tuner_serves(eqn) -> bool:
+    """Whether this dot_general equation goes through ``jat.dot_general``; any other stays
+    the equation JAX traced."""
+    lhs, rhs = (v.aval for v in eqn.invars)
+    return (lhs.dtype == rhs.dtype and lhs.dtype.name in _TUNED_DTYPES
+            and _static_nonempty(lhs.shape) and _static_nonempty(rhs.shape)
+            and not eqn.outvars[0].aval.weak_type
+            and _tuner_takes_precision(eqn.params["precision"]))
+
+
+def _static_nonempty(shape) -> bool:
+    return all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def _tuner_takes_precision(precision) -> bool:
+    """None or a pair of ``lax.Precision``; a ``DotAlgorithmPreset`` stays lax's for now."""
+    return precision is None or (isinstance(precision, tuple)
+                                 and all(isinstance(p, lax.Precision) for p in precision))
+
+
+def _rewrite_param(value):
+    if isinstance(value, (Jaxpr, ClosedJaxpr)):
+        return _rewrite(value)
+    if isinstance(value, tuple):  # cond branches
+        return tuple(_rewrite_param(v) for v in value)
+    if isinstance(value, lu.WrappedFun):  # custom_jvp's jvp / custom_vjp's fwd jaxpr thunk
+        return _rewrite_thunk(value)
+    return value
+
+
+def _rewrite_thunk(thunk):
+    """A thunk ``(*zeros) -> (jaxpr, consts, *rest)`` whose jaxpr is rewritten, memoised
+    (JAX calls it once per set of zero flags)."""
+    memo = {}
+
+    def rewritten(*zeros):
+        if zeros not in memo:
+            jaxpr, consts, *rest = thunk.call_wrapped(*zeros)
+            new = _rewrite(ClosedJaxpr(jaxpr, consts))
+            memo[zeros] = (new.jaxpr, new.consts, *rest)
+        return memo[zeros]
+
+    return lu.wrap_init(rewritten, debug_info=thunk.debug_info)
+
+
+def _shard_map(invals, *, jaxpr, mesh, in_specs, out_specs, check_vma, newly_manual_axes):
+    """Bound again through ``jax.shard_map``: its body can only be traced under its manual axes."""
+    body = ClosedJaxpr(jaxpr, ())
+    return jax.shard_map(lambda *xs: tuple(_eval(body, *xs)), mesh=mesh, in_specs=tuple(in_specs),
+                         out_specs=tuple(out_specs), axis_names=set(newly_manual_axes),
+                         check_vma=check_vma)(*invals)
