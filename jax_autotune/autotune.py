@@ -23,8 +23,7 @@ Left as lax's own dot (no tuning cost):
   * dots with a ``lax.DotAlgorithmPreset`` precision: ``jat.dot_general`` does not take
     algorithm presets yet (``_tuner_takes_precision`` is the one place that says so);
   * weak-typed dots (both operands weakly typed): ``jat.dot_general`` returns a strong
-    type, which would change e.g. a scan carry's type;
-  * dots with an explicit ``out_sharding``: ``jat.dot_general`` hands them to lax.
+    type, which would change e.g. a scan carry's type.
 Left as is:
   * a ``custom_vjp``'s ``bwd`` rule: a Python function, not a jaxpr, that may return symbolic
     zeros, which cannot be traced. Tune it with ``f.defvjp(fwd, jat.autotune(bwd))``, or
