@@ -1,0 +1,272 @@
+"""One decision per key: in a jax.distributed job (the job's key-value store) and among
+processes sharing one store (claims with leases), with fakes for the rules and real
+processes for the whole path. Every subprocess is bounded by a timeout."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from jax_autotune.key import MatmulKey
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.consensus import (Job, JaxAutotuneConsensusWarning, decide_in_job,
+                                           decide_on_host)
+from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.store import TuneStore
+
+HERE = Path(__file__).resolve().parent
+PROBLEM = MatmulProblem(1, 16, 16, 16, "float32", "float32", "float32")
+KEY: MatmulKey = PROBLEM.key()
+
+
+def decision(winner, source="tuned"):
+    return Decision(key=KEY, problem=PROBLEM, winner=winner, source=source)
+
+
+def fallback(reason):
+    return Decision(key=KEY, problem=PROBLEM, winner="xla_dot", source="fallback", reason=reason)
+
+
+class FakeKV:
+    """The job's key-value store as JAX's client behaves: NOT_FOUND, ALREADY_EXISTS and
+    DEADLINE_EXCEEDED are errors whose message starts with the code."""
+
+    def __init__(self):
+        self.values, self.changed = {}, threading.Condition()
+
+    def key_value_try_get(self, key):
+        with self.changed:
+            if key not in self.values:
+                raise RuntimeError(f"NOT_FOUND: {key}")
+            return self.values[key]
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        with self.changed:
+            if key in self.values and not allow_overwrite:
+                raise RuntimeError(f"ALREADY_EXISTS: {key}")
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def key_value_increment(self, key, amount):
+        with self.changed:
+            self.values[key] = str(int(self.values.get(key, "0")) + amount)
+            return int(self.values[key])
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+            return self.values[key]
+
+
+def run_in_threads(count, target):
+    results = [None] * count
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, target(i))) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+# ---------------------------------------------------------------- the job's rules
+
+def test_in_a_job_one_process_tunes_and_every_process_adopts_its_winner():
+    kv, tunings = FakeKV(), []
+
+    def process(i):
+        def tune():
+            tunings.append(i)
+            time.sleep(0.05)  # the others are waiting meanwhile
+            return decision(f"kernel_of_{i}")
+        return decide_in_job(Job(kv, i, 4), "k", tune, fallback, wait_seconds=30)
+
+    results = run_in_threads(4, process)
+    assert len(tunings) == 1
+    assert {d.winner for d, _ in results} == {f"kernel_of_{tunings[0]}"}
+    assert sorted(how for _, how in results) == ["adopted"] * 3 + ["proposed"]
+
+
+def test_in_a_job_a_stored_decision_is_what_the_claimer_proposes():
+    kv = FakeKV()
+    first, how = decide_in_job(Job(kv, 0, 2), "k", lambda: decision("stored_kernel", "store"),
+                               fallback, wait_seconds=5)
+    second, how_second = decide_in_job(Job(kv, 1, 2), "k", lambda: decision("other"), fallback, 5)
+    assert (first.winner, how) == ("stored_kernel", "proposed")
+    assert (second.winner, how_second) == ("stored_kernel", "adopted")
+
+
+def test_in_a_job_a_claimer_too_slow_adopts_the_waiters_xla_dot():
+    kv, release = FakeKV(), threading.Event()
+
+    def slow_tune():
+        release.wait(30)
+        return decision("late_kernel")
+
+    claimer = threading.Thread(target=lambda: results.append(
+        decide_in_job(Job(kv, 0, 2), "k", slow_tune, fallback, wait_seconds=30)))
+    results = []
+    claimer.start()
+    while "k/claim" not in kv.values:
+        time.sleep(0.001)
+    with pytest.warns(JaxAutotuneConsensusWarning, match="no decision"):
+        waiter, how = decide_in_job(Job(kv, 1, 2), "k", slow_tune, fallback, wait_seconds=0.1)
+    assert (waiter.winner, how) == ("xla_dot", "fallback")
+    release.set()
+    claimer.join(30)
+    late, late_how = results[0]
+    assert (late.winner, late_how) == ("xla_dot", "adopted")  # same program in every process
+
+
+# ---------------------------------------------------------------- one host, one store
+
+def test_on_one_host_one_thread_tunes_and_the_others_adopt(tmp_path):
+    tunings = []
+
+    def process(i):
+        store = TuneStore(tmp_path / "shared.db")
+
+        def tune():
+            tunings.append(i)
+            time.sleep(0.1)
+            return decision(f"kernel_of_{i}")
+        try:
+            return decide_on_host(store, "ns", "k", "c", tune, fallback, lease_seconds=5, wait_seconds=30)
+        finally:
+            store.close()
+
+    results = run_in_threads(4, process)
+    assert len(tunings) == 1
+    assert {d.winner for d, _ in results} == {f"kernel_of_{tunings[0]}"}
+    assert sorted(how for _, how in results) == ["adopted"] * 3 + ["tuned"]
+
+
+def test_a_stored_decision_is_never_replaced_by_a_concurrent_tuning(tmp_path):
+    store = TuneStore(tmp_path / "shared.db")
+
+    def tune():  # another process stores its decision while this one tunes
+        store.put("ns", "k", "c", decision("first_kernel").to_json())
+        return decision("second_kernel")
+
+    result, how = decide_on_host(store, "ns", "k", "c", tune, fallback, lease_seconds=5, wait_seconds=5)
+    assert (result.winner, how) == ("first_kernel", "adopted")
+    assert store.get("ns", "k", "c")["winner"] == "first_kernel"
+
+
+def test_a_claim_of_a_dead_process_is_taken_over_at_once(tmp_path):
+    store = TuneStore(tmp_path / "shared.db")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    assert store.claim("ns", "k", "c", f"{socket.gethostname()}:{dead.pid}:x", lease_seconds=600)[0] == "claimed"
+    start = time.monotonic()
+    result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+                                 lease_seconds=600, wait_seconds=30)
+    assert (result.winner, how) == ("mine", "tuned") and time.monotonic() - start < 5
+
+
+def test_a_lapsed_lease_of_another_host_is_taken_over(tmp_path):
+    store = TuneStore(tmp_path / "shared.db")
+    assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=0.3)[0] == "claimed"
+    result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+                                 lease_seconds=5, wait_seconds=30)
+    assert (result.winner, how) == ("mine", "tuned")
+
+
+def test_a_claim_held_past_the_wait_gives_xla_dot_without_storing_it(tmp_path):
+    store = TuneStore(tmp_path / "shared.db")
+    assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=600)[0] == "claimed"
+    with pytest.warns(JaxAutotuneConsensusWarning, match="holds the tuning"):
+        result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+                                     lease_seconds=5, wait_seconds=0.2)
+    assert (result.winner, how) == ("xla_dot", "fallback")
+    assert store.get("ns", "k", "c") is None
+
+
+# ---------------------------------------------------------------- real processes
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(tmp_path, scenario, count, kill=None, **env):
+    """Start ``count`` workers; ``kill``: the index to SIGKILL once it holds a claim."""
+    port = free_port()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_AUTOTUNE_", "XLA_FLAGS"))}
+    environment.update(JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                       JAX_AUTOTUNE_COMPILATION_CACHE="0", **env)
+    procs = [subprocess.Popen([sys.executable, "-P", str(HERE / "consensus_worker.py"), scenario,
+                               str(i), str(count), str(port), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+             for i in range(count)]
+    try:
+        if kill is not None:
+            deadline = time.time() + 120
+            while not (tmp_path / "claimed").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            procs[kill].kill()
+        outputs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    results = {}
+    for i, (out, err) in enumerate(outputs):
+        if i == kill:
+            continue
+        assert procs[i].returncode == 0, err[-3000:]
+        results[i] = json.loads(out.strip().splitlines()[-1])
+    return results
+
+
+def assert_one_decision_per_key(results, keys):
+    winners = {key: {r["keys"][key]["winner"] for r in results.values()} for key in keys}
+    assert all(len(w) == 1 for w in winners.values()), winners
+    assert sum(r["stats"]["tuned"] for r in results.values()) <= len(keys)  # each key tuned once
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_a_jax_distributed_job_agrees_on_every_key_and_tunes_each_once(tmp_path, count):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
+    results = run_processes(tmp_path, "job", count)
+    keys = set(results[0]["keys"])
+    assert len(keys) == 3 and all(set(r["keys"]) == keys for r in results.values())
+    assert_one_decision_per_key(results, keys)
+    sources = [r["keys"][key]["source"] for r in results.values() for key in keys]
+    assert sources.count("adopted") >= (count - 1) * len(keys) - len(keys)
+
+
+def test_a_slow_claimer_is_waited_for_and_adopted(tmp_path):
+    results = run_processes(tmp_path, "slow", 2)
+    (key,) = results[0]["keys"]
+    assert results[0]["keys"][key]["source"] == "adopted"
+    assert results[0]["keys"][key]["winner"] == results[1]["keys"][key]["winner"]
+    assert results[0]["stats"]["tuned"] == 0
+
+
+def test_a_claimer_killed_while_tuning_does_not_hang_its_peer(tmp_path):
+    start = time.monotonic()
+    results = run_processes(tmp_path, "killed", 2, kill=1, PEER_WAIT_S="3")
+    (key,) = results[0]["keys"]
+    assert results[0]["keys"][key] == {"winner": "xla_dot", "source": "fallback"}
+    assert time.monotonic() - start < 100
+
+
+def test_four_processes_on_one_store_tune_each_key_once_and_agree(tmp_path):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
+    results = run_processes(tmp_path, "host", 4)
+    keys = set(results[0]["keys"])
+    assert len(keys) == 3
+    assert_one_decision_per_key(results, keys)
+    assert sum(r["stats"]["tuned"] for r in results.values()) == 3
+    store = TuneStore(tmp_path / "store" / "default.db")
+    stored = {e.key: e.value["winner"] for e in store.entries() if e.namespace.startswith("autotune/")}
+    assert stored == {key: results[0]["keys"][key]["winner"] for key in keys}
