@@ -3,7 +3,9 @@
 ``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem and
 its ``MatmulKey`` as parameters, so ``jax.make_jaxpr`` shows the key and ``warmup`` can
 collect it. Its lowering rule asks the platform's tuner for the key's decision (tuning
-lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``. vmap re-binds with
+lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``; under ``jax.export``
+the fastest candidate jax.export takes (``tuning.export_choice``), and for a platform
+with no device here (a multi-platform export) XLA's dot. vmap re-binds with
 a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
 again with their own problems and transposed layouts, and tuned too.
 
@@ -25,8 +27,9 @@ from jax.interpreters import ad, batching, mlir
 
 import jax_autotune.config as config
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuners import tuner_for
+from jax_autotune.tuners import has_devices, tuner_for
 from jax_autotune.kernels.xla import dimension_numbers, xla_dot
+from jax_autotune.tuning.export_choice import emitted_candidate
 
 matmul_p = Primitive("autotuned_matmul")
 
@@ -76,12 +79,20 @@ def _abstract_eval(lhs, rhs, *, problem, key):
 def _lowering(platform: str):
     def rule(ctx, lhs, rhs, *, problem, key):
         LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
+        target = (ctx.platforms or ctx.module_context.platforms)[0]  # this branch's platform
+        if not has_devices(target):  # lowered for a platform absent here: nothing to tune on
+            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key)
         tuner = tuner_for(platform)
-        decision = tuner.select(problem, key)
-        candidate = tuner.candidate(decision.winner)
+        candidate = emitted_candidate(tuner, problem, tuner.select(problem, key),
+                                      _for_export(ctx), target)
         kernel = functools.partial(_call_candidate, candidate.fn, problem=problem)
         return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
     return rule
+
+
+def _for_export(ctx) -> bool:
+    """True when the rule lowers for ``jax.export`` (a name jax may rename: False then)."""
+    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
 def _call_candidate(fn, lhs, rhs, *, problem):

@@ -145,6 +145,14 @@ class Tuner:
                 self._pending.pop(key, None)
             event.set()
 
+    def measure(self, problem: MatmulProblem, key: MatmulKey | None = None) -> Decision:
+        """Benchmark the key now and return the decision; nothing is stored or replaced
+        (an export ranks a decision that holds no measured results with it).
+
+            >>> tuner.measure(problem).results
+        """
+        return self._tune(key or problem.key(config.get("level")), problem)
+
     def install(self, decision: Decision, persist: bool = True) -> bool:
         """Put a decision (e.g. from a tune table) into memory and the store.
 
