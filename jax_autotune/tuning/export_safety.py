@@ -22,7 +22,6 @@ and its StableHLO walked, once per (candidate, platform, problem), and only when
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import threading
@@ -152,22 +151,22 @@ def _call(fn, lhs, rhs, *, problem):
 
 # ---------------------------------------------------------------- the opt-in
 
-_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
-    "jax_autotune_export_allowed", default=frozenset())
+# A jax user context: jax's trace, lowering and compile caches are keyed by its value, so a
+# function exported before (or after) the opt-in is lowered again, never served stale.
+_allowed = jax.make_user_context(default_value=frozenset())
 
 
 def allowed_targets() -> frozenset[str]:
-    """The targets an export in this context may keep beyond jax's allow-list."""
-    return _allowed.get()
+    """The targets an export in this context (thread) may keep beyond jax's allow-list."""
+    return _allowed.value
 
 
 @contextlib.contextmanager
 def allowing(targets: Iterable[str]) -> Iterator[frozenset[str]]:
-    """Within the block, exports may keep ``targets`` (added to any allowed outside it)."""
+    """Within the block (this thread), exports may keep ``targets``, added to any allowed
+    outside it."""
     if isinstance(targets, str):
         raise TypeError(f"targets: expected an iterable of target names, got the string {targets!r}")
-    token = _allowed.set(_allowed.get() | frozenset(targets))
-    try:
-        yield _allowed.get()
-    finally:
-        _allowed.reset(token)
+    combined = allowed_targets() | frozenset(targets)
+    with _allowed(combined):
+        yield combined
