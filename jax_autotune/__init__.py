@@ -4,6 +4,7 @@
     >>> jax.jit(jat.autotune(train_step))               # every matmul inside is tuned
     >>> jax.jit(jat.matmul)(x, w)                       # jnp.matmul semantics, tuned kernel
     >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
+    >>> jat.export(f, x, w).serialize()                  # a jax.export artifact (serving)
 
 Everything public is listed in ``__all__``; the subpackages (``tuning``, ``kernels``,
 ``tables``, ``cli``) are internal. ``jax_autotune.checkpoint`` (orbax items) loads on
@@ -16,6 +17,8 @@ from jax_autotune.api import dot_general, key_for, matmul
 from jax_autotune.autotune import autotune
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.serving import (deserialize, export, export_allowing, export_disabled_checks,
+                                  native_targets)
 from jax_autotune.tables.install import load_table, table
 from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
 from jax_autotune.tuning.counters import reset_stats, stats
@@ -27,8 +30,9 @@ from jax_autotune.warmup import WarmupReport, warmup
 __all__ = [
     "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
     "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
-    "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "dot_general",
-    "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
+    "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "deserialize",
+    "dot_general", "export", "export_allowing", "export_disabled_checks", "key_for", "load_table",
+    "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
 ]
 
 

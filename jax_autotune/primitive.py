@@ -5,7 +5,9 @@
 and ``warmup`` can collect it. Its lowering rule asks the platform's tuner for the key's
 decision (tuning lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``;
 when the jit spans several devices it emits a per-shard op instead (``sharding``), whose
-kernel is chosen for the per-shard key when XLA partitions the program. vmap re-binds
+kernel is chosen for the per-shard key when XLA partitions the program. Under
+``jax.export`` it emits the fastest candidate jax.export takes (``tuning.export_choice``),
+and for a platform with no device here (a multi-platform export) XLA's dot. vmap re-binds
 with a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
 again with their own problems and transposed layouts, and tuned too.
 
@@ -29,7 +31,8 @@ import jax_autotune.config as config
 from jax_autotune.kernels.xla import dimension_numbers, xla_dot
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import ShardKernels, lowering_targets_many_devices, partitioned_matmul
-from jax_autotune.tuners import tuner_for
+from jax_autotune.tuners import has_devices, tuner_for
+from jax_autotune.tuning.export_choice import emitted_candidate
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
     from jax._src import dispatch
@@ -113,16 +116,24 @@ def _emit(ctx, lhs, rhs, kernel):
 def _lowering(platform: str):
     def rule(ctx, lhs, rhs, *, problem, key, out_sharding):
         LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
-        if lowering_targets_many_devices(ctx):
+        target = (ctx.platforms or ctx.module_context.platforms)[0]  # this branch's platform
+        if not has_devices(target):  # lowered for a platform absent here: nothing to tune on
+            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
+        for_export = _for_export(ctx)
+        if lowering_targets_many_devices(ctx) and not for_export:  # jax.export takes no partitioner op
             kernel = functools.partial(partitioned_matmul, problem=problem,
                                        kernels=ShardKernels(platform),
                                        out_sharding=_explicit_sharding(ctx.avals_out[0]))
             return _emit(ctx, lhs, rhs, kernel)
         tuner = tuner_for(platform)
-        decision = tuner.select(problem, key)
-        candidate = tuner.candidate(decision.winner)
+        candidate = emitted_candidate(tuner, problem, tuner.select(problem, key), for_export, target)
         return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, candidate.fn, problem=problem))
     return rule
+
+
+def _for_export(ctx) -> bool:
+    """True when the rule lowers for ``jax.export`` (a name jax may rename: False then)."""
+    return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
 def _call_candidate(fn, lhs, rhs, *, problem):

@@ -89,6 +89,19 @@ def _build(platform: str) -> Tuner:
     return Tuner(device, candidate_set_for(device), jax_device=jax_device, native=native)
 
 
+def has_devices(platform: str) -> bool:
+    """Whether this process has a device of ``platform`` ('cpu', 'gpu', 'cuda', ...): a
+    lowering for a platform absent here (a multi-platform export) cannot tune for it.
+
+        >>> has_devices("cpu"), has_devices("cuda")      # on a CPU-only host
+        (True, False)
+    """
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
 def tuner_for(platform: str) -> Tuner:
     """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once.
 

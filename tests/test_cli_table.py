@@ -1,5 +1,6 @@
 """``jax-autotune show | explain | export | import | clear`` through ``cli.main``."""
 
+import dataclasses
 import json
 
 import jax
@@ -59,6 +60,15 @@ def test_explain_lists_every_candidate_with_outcome_samples_and_score(tuner, cap
     assert lines["fast"].startswith("*") and " ok " in lines["slow"]
     code, by_id, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
     assert code == 0 and by_id == out
+
+
+def test_explain_says_what_an_export_used(tuner, capsys):
+    decision = tuner.lookup(PROBLEM_A.key())
+    _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
+    assert "exported" not in out
+    assert tuner.install(dataclasses.replace(decision, export_kernel="slow", export_reason="why"))
+    _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
+    assert "exported   slow (why)" in out
 
 
 def test_explain_refuses_an_ambiguous_or_unknown_key(tuner, capsys):

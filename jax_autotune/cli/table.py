@@ -97,6 +97,9 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
                      f"launch {format_seconds(b.get('launch_overhead'))}")
     if decision.reason:
         lines.append(f"reason     {decision.reason}")
+    if decision.export_kernel:
+        why = f" ({decision.export_reason})" if decision.export_reason else ""
+        lines.append(f"exported   {decision.export_kernel}{why}")
     header = ("", "candidate", "outcome", "round", "samples", "score", "pruned", "rel_error", "error")
     cells = [header]
     for r in sorted(decision.results, key=lambda r: (r.score is None, r.score or 0.0, r.name)):

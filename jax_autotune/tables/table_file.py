@@ -336,7 +336,8 @@ _ENTRY_FIELDS = {"key": (dict, True), "key_string": (str, False), "problem": (di
                  "bounds": ((dict, type(None)), False), "limit": ((_NUMBER, type(None)), False),
                  "tuning_seconds": (_NUMBER, False), "timestamp": (_NUMBER, False),
                  "device": (str, False), "checksum": (str, False), "source": (str, False),
-                 "reason": (str, False)}
+                 "reason": (str, False), "export_kernel": (str, False),
+                 "export_reason": (str, False)}
 
 
 def _parse_entry(data: Any, where: str, origin: str) -> Decision:

@@ -6,7 +6,8 @@ A ``Candidate`` is a unique name (encoding its parameters), a jax-traceable func
 ``problem.out_dtype``), the groups it belongs to with an in-group priority each, and
 ``supports(device, key)`` (``DeviceInfo`` lives in ``tuning.device``). A ``CandidateSet``
 is built once per (platform, device kind) with ``CandidateSetBuilder``; XLA's own dot is
-always candidate 0, the baseline.
+always candidate 0, the baseline. ``candidate.export_safety(problem, platform)`` says what
+it emits and whether jax.export takes it (``tuning.export_safety``).
 
     >>> builder = CandidateSetBuilder(platform="cpu", device_kind="cpu")
     >>> fast = builder.group("native", priority=lambda key: 2)
@@ -23,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning import export_safety
 from jax_autotune.tuning.device import DeviceInfo
 
 PriorityFn = Callable[[MatmulKey], int]
@@ -47,6 +49,15 @@ class Candidate:
     def signature(self) -> str:
         """Name plus parameters: what the candidate-set checksum hashes."""
         return f"{self.name}{json.dumps(dict(self.params), sort_keys=True, default=str)}"
+
+    def export_safety(self, problem: MatmulProblem, platform: str) -> export_safety.ExportSafety:
+        """The custom-call targets it emits for ``problem`` on ``platform`` and whether
+        jax.export takes them; derived from its lowering (once, then cached).
+
+            >>> XLA_DOT.export_safety(problem, "cpu").safe
+            True
+        """
+        return export_safety.check(self, problem, platform)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,10 @@ when ``JAX_AUTOTUNE_LOG_DECISIONS`` is set) and ships in tune tables.
     ('native_gemm_avx2_6x16_t2', 0.0021)
     >>> Decision.from_json(decision.to_json()) == decision
     True
+
+``export_kernel`` names the candidate the last ``jax.export`` of the key emitted (the
+winner, or the fastest one jax.export takes) and ``export_reason`` says why; both are
+empty until the key is exported, and optional in stored records and tables.
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ class Decision:
     checksum: str = ""  # of the candidate set it was chosen from
     source: str = "tuned"
     reason: str = ""  # why the winner is XLA's dot by default, when it is
+    export_kernel: str = ""  # what the last jax.export of the key emitted
+    export_reason: str = ""  # why that kernel, when it is not the winner
 
     def result(self, name: str) -> CandidateResult | None:
         for result in self.results:
@@ -109,6 +115,8 @@ class Decision:
             "checksum": self.checksum,
             "source": self.source,
             "reason": self.reason,
+            "export_kernel": self.export_kernel,
+            "export_reason": self.export_reason,
         }
 
     @classmethod
@@ -134,17 +142,23 @@ class Decision:
                    timestamp=float(data.get("timestamp", 0.0)), device=str(data.get("device", "")),
                    checksum=str(data.get("checksum", "")),
                    source=source if source in SOURCES else "store",
-                   reason=str(data.get("reason", "")))
+                   reason=str(data.get("reason", "")),
+                   export_kernel=str(data.get("export_kernel") or ""),
+                   export_reason=str(data.get("export_reason") or ""))
 
 
 _log_lock = threading.Lock()
 
 
-def log_decision(decision: Decision, destination: str | None) -> None:
-    """Write the decision as one JSON line to ``stdout``, ``stderr`` or a file path."""
+def log_decision(decision: Decision, destination: str | None,
+                 event: str = "jax_autotune.decision") -> None:
+    """Write the decision as one JSON line to ``stdout``, ``stderr`` or a file path.
+
+        >>> log_decision(decision, "stderr", event="jax_autotune.export")
+    """
     if destination is None:
         return
-    line = json.dumps({"event": "jax_autotune.decision", **decision.to_json()}, sort_keys=True)
+    line = json.dumps({"event": event, **decision.to_json()}, sort_keys=True)
     with _log_lock:
         if destination == "stdout":
             print(line, file=sys.stdout, flush=True)

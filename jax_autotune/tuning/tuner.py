@@ -214,6 +214,14 @@ class Tuner:
         log_decision(decision, config.get("log_decisions"))
         return decision
 
+    def measure(self, problem: MatmulProblem, key: MatmulKey | None = None) -> Decision:
+        """Benchmark the key now and return the decision; nothing is stored or replaced
+        (an export ranks a decision that holds no measured results with it).
+
+            >>> tuner.measure(problem).results
+        """
+        return self._tune(key or problem.key(config.get("level")), problem)
+
     def install(self, decision: Decision, persist: bool = True) -> bool:
         """Put a decision (e.g. from a tune table) into memory and the store.
 
