@@ -161,26 +161,28 @@ class Tuner:
                     break
             pending.wait()  # another thread is deciding this key
         try:
-            decision = self._decide(key, problem, mode)
-            with self._lock:
-                self._memory[key] = decision
+            decision, remember = self._decide(key, problem, mode)
+            if remember:
+                with self._lock:
+                    self._memory[key] = decision
             return _record(decision)
         finally:
             with self._lock:
                 self._pending.pop(key, None)
             event.set()
 
-    def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> Decision:
+    def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> tuple[Decision, bool]:
         """A key missing from memory: the store's decision, or one made now, once per
-        host (claims in the store) or per job (``tuning.consensus``)."""
+        host (claims in the store) or per job (``tuning.consensus``); and whether to keep
+        it in memory (not XLA's dot of mode cached alone: a table loaded later serves it)."""
         stored, job = self._from_store(key), current_job()
         if stored is None and mode == "require":
             raise KeyNotTunedError(_require_message(key, problem))
         if job is None and stored is not None:
             counters.bump("store_hits")
-            return stored
+            return stored, True
         if job is None and mode == "cached":
-            return self._fallback(key, problem, "mode cached: key not in the table")
+            return self._fallback(key, problem, "mode cached: key not in the table"), False
         rules = self.rules or DEFAULT_RULES
         wait = rules.peer_wait(rules.budget_seconds or config.get("budget_seconds"))
         fallback = functools.partial(self._fallback, key, problem)
@@ -208,11 +210,11 @@ class Tuner:
                                          keep=lambda data: self._usable(data) is not None)
         if how == "stored":
             counters.bump("store_hits")
-            return decision.with_source("store")
+            return decision.with_source("store"), True
         if how == "adopted":
             decision = dataclasses.replace(decision, source="adopted", device=self.device.fingerprint)
         log_decision(decision, config.get("log_decisions"))
-        return decision
+        return decision, True
 
     def measure(self, problem: MatmulProblem, key: MatmulKey | None = None) -> Decision:
         """Benchmark the key now and return the decision; nothing is stored or replaced
