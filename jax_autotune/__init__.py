@@ -23,12 +23,13 @@ from jax_autotune.tables.install import load_table, table
 from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
 from jax_autotune.tuning.counters import reset_stats, stats
 from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.tuning.consensus import JaxAutotuneConsensusWarning
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning
 from jax_autotune.tuning.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup
 
 __all__ = [
-    "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
+    "CandidateResult", "Decision", "JaxAutotuneConsensusWarning", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
     "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
     "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "deserialize",
     "dot_general", "export", "export_allowing", "export_disabled_checks", "key_for", "load_table",
