@@ -1,23 +1,30 @@
-"""The GPU suite: XLA's dot, torch.matmul and the tuned matmul by device time, per shape.
+"""The GPU suite: the tuned matmul against the peers a user would pick, by device time.
 
-    python benchmarks/gpu_suite.py --out benchmarks/results [--subset bf16|f32|all] [--budget-s 540]
+    python benchmarks/gpu_suite.py --out benchmarks/results [--subset bf16|f32|all]
+        [--budget-s 300] [--inductor-budget-s 150] [--exhaustive-budget-s 60]
 
-Per shape of ../shared/baselines/h200.md, in bfloat16 and float32 (DEFAULT precision:
-TF32 for f32, as XLA does; torch is set to allow TF32 too):
+Cases: square and large shapes, shapes from real models (transformer projections and
+MLPs at prefill and decode, vocabulary heads with odd vocabulary sizes, batched
+attention matmuls with a transposed operand) and misaligned large shapes (a row whose
+byte stride is not a multiple of 16). Per case, side by side in one run:
 * XLA's dot and the tuned choice: CUPTI device time (median of 3 alternating rounds of
-  20 iterations each); XLA's dot compiled a second time, in the same rounds, shows how
-  much two compiles of the very same program differ ("XLA again");
-* torch.matmul: CUDA-event time from triton.testing.do_bench (median), when torch is there;
-* the cold tune of the key (wall time: compile + measure; the process's first key
-  includes the probes) and its candidate compiles;
-* the warm-process first call (a second process with the same store: lookup + compile);
-* the roofline floor max(2mnk / peak, bytes / 4.3 TB/s), peak 790 TFLOP/s bf16, 400 f32.
-Writes gpu_suite_<date>.{json,md,png} to --out.
+  20 iterations); XLA's dot compiled a second time, in the same rounds ("XLA again"),
+  shows how much two compiles of one program differ;
+* cuBLAS through ``torch.matmul`` and Inductor ``max-autotune-no-cudagraphs``: the
+  summed kernel time of one call from ``torch.profiler`` (``peers.py``; Inductor's first
+  call compiles and autotunes, its seconds reported; cases in order until its budget);
+* XLA with ``--xla_gpu_exhaustive_tiling_search=true`` in a child process, with its
+  compile seconds, cases in order until its budget;
+* the cold tune of the key (compile + measure; the process's first key pays the
+  probes), its candidate compiles and whether a Pallas round ran;
+* the warm-process first call (a second process, the same store and compilation cache).
+Writes gpu_suite_<date>_<subset>.{json,md} to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -27,78 +34,118 @@ import sys
 import tempfile
 import time
 
-from report import geomean, write_results
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the device
 
-SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
-          (1000, 1000, 1000), (1025, 1025, 1025), (768, 768, 768), (8192, 8192, 128),
-          (16, 8192, 8192), (1, 4096, 4096), (128, 8192, 8192), (4096, 14336, 4096),
-          (8192, 1024, 8192), (2048, 2048, 16384)]
-GOAL_SHAPES = {(768, 768, 768), (1000, 1000, 1000), (1025, 1025, 1025), (16, 8192, 8192),
-               (128, 8192, 8192), (8192, 8192, 128)}
-LARGE_ALIGNED_BF16 = {(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096)}
+import peers  # noqa: E402
+from report import geomean, write_results  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    group: str  # "square" | "model" | "misaligned"
+    name: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    transpose_b: bool = False
+
+    @property
+    def label(self) -> str:
+        dims = f"{self.m}x{self.n}x{self.k}" if self.batch == 1 else f"{self.batch}x{self.m}x{self.n}x{self.k}"
+        return f"{dims}{' T' if self.transpose_b else ''}"
+
+
+def _squares(dtype):
+    return [Case("square", f"{s}^3", dtype, s, s, s) for s in (768, 1000, 1024, 2048, 4096)]
+
+
+BF16 = "bfloat16"
+CASES = {
+    "bf16": _squares(BF16) + [
+        Case("model", "GPT-2 qkv, prefill 8x1024", BF16, 8192, 2304, 768),
+        Case("model", "GPT-2 MLP up", BF16, 8192, 3072, 768),
+        Case("model", "GPT-2 MLP down", BF16, 8192, 768, 3072),
+        Case("model", "Llama-3-8B MLP up, prefill 4096", BF16, 4096, 14336, 4096),
+        Case("model", "Llama-3-8B MLP down", BF16, 4096, 4096, 14336),
+        Case("model", "Llama-3-8B MLP up, decode 16", BF16, 16, 14336, 4096),
+        Case("model", "Llama-3-8B proj, decode 16", BF16, 16, 4096, 4096),
+        Case("model", "attention q k^T (8x12 heads)", BF16, 1024, 1024, 64, batch=96, transpose_b=True),
+        Case("model", "attention p v", BF16, 1024, 64, 1024, batch=96),
+        Case("misaligned", "GPT-2 vocab head 50257", BF16, 8192, 50257, 768),
+        Case("misaligned", "GPT-2 vocab head, d input", BF16, 8192, 768, 50257),
+        Case("misaligned", "vocab head 32001", BF16, 4096, 32001, 4096),
+        Case("misaligned", "1025^3", BF16, 1025, 1025, 1025),
+        Case("misaligned", "2049^3", BF16, 2049, 2049, 2049),
+        Case("misaligned", "4097^3", BF16, 4097, 4097, 4097),
+    ],
+    "f32": _squares("float32") + [
+        Case("misaligned", "1025^3", "float32", 1025, 1025, 1025),
+        Case("model", "128x8192x8192", "float32", 128, 8192, 8192),
+        Case("model", "8192x8192x128", "float32", 8192, 8192, 128),
+    ],
+}
 PEAK = {"bfloat16": 790e12, "float32": 400e12}
 BANDWIDTH = 4.3e12
 ITERATIONS = 20
 ROUNDS = 3
 
 
-def floor_us(m, n, k, dtype):
-    size = 2 if dtype == "bfloat16" else 4
-    return max(2 * m * n * k / PEAK[dtype], (m * k + k * n + m * n) * size / BANDWIDTH) * 1e6
+def cases(subset: str) -> list[Case]:
+    return CASES["bf16"] + CASES["f32"] if subset == "all" else CASES[subset]
 
 
-def device_us(fn, args) -> list[float]:
-    from jax.experimental.mosaic.gpu import profiler
-    _, times = profiler.measure(fn, iterations=ITERATIONS)(*args)
-    times = times if isinstance(times, (list, tuple)) else [times]
-    return [t * 1e3 for t in times]
+def floor_us(c: Case) -> float:
+    size = 2 if c.dtype == BF16 else 4
+    return c.batch * max(2 * c.m * c.n * c.k / PEAK[c.dtype],
+                         (c.m * c.k + c.k * c.n + c.m * c.n) * size / BANDWIDTH) * 1e6
 
 
 def interleaved_device_us(fns, args, rounds: int = ROUNDS) -> list[float]:
-    """Median device time of each function, measured in alternating rounds so that clock
-    and temperature drift during the run weighs on all alike."""
+    """Median CUPTI device time of each function, in alternating rounds so that clock
+    and temperature drift weigh on all alike."""
+    from jax.experimental.mosaic.gpu import profiler
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for fn, out in zip(fns, samples):
-            out.extend(device_us(fn, args))
+            _, ms = profiler.measure(fn, iterations=ITERATIONS)(*args)
+            out.extend(t * 1e3 for t in (ms if isinstance(ms, (list, tuple)) else [ms]))
     return [statistics.median(s) for s in samples]
 
 
-def torch_us(m, n, k, dtype):
+def torch_peers(c: Case, inductor_left: float) -> dict:
+    row: dict = {}
     try:
-        import torch
-        from triton.testing import do_bench
-    except ImportError:
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = True
-    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    a = torch.randn(m, k, device="cuda", dtype=tdtype)
-    b = torch.randn(k, n, device="cuda", dtype=tdtype)
-    return do_bench(lambda: torch.matmul(a, b), warmup=25, rep=100, return_mode="median") * 1e3
+        row["cublas_us"] = peers.cublas_us(c.dtype, c.m, c.n, c.k, c.transpose_b, batch=c.batch)
+    except Exception as err:  # noqa: BLE001 - a peer that fails is reported, not fatal
+        row["cublas_error"] = f"{type(err).__name__}: {err}"[:200]
+    if inductor_left > 0 and c.dtype == BF16:
+        try:
+            row.update({f"inductor_{k}": v for k, v in peers.inductor(
+                c.dtype, c.m, c.n, c.k, c.transpose_b, batch=c.batch).items()})
+        except Exception as err:  # noqa: BLE001
+            row["inductor_error"] = f"{type(err).__name__}: {err}"[:200]
+    return row
 
 
-def cases(subset):
-    dtypes = {"bf16": ["bfloat16"], "f32": ["float32"], "all": ["bfloat16", "float32"]}[subset]
-    return [(dtype, shape) for dtype in dtypes for shape in SHAPES]
-
-
-def run_cold(args) -> list[dict]:
+def run_cold(args, exhaustive: dict) -> list[dict]:
     import jax
     import jax_autotune as jat
-    from jax_autotune.tuning import counters
-    from jax_autotune.problem import MatmulProblem
-    from jax_autotune.tuning.timing import random_operands
-    from jax_autotune.tuners import tuner_for
     from jax_autotune.kernels.xla import xla_dot
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuners import tuner_for
+    from jax_autotune.tuning import counters
+    from jax_autotune.tuning.timing import random_operands
 
     tuner = tuner_for("gpu")
-    device = jax.devices("gpu")[0]
-    rows, start_all = [], time.perf_counter()
-    for dtype, (m, n, k) in cases(args.subset):
+    device = jax.local_devices(backend="gpu")[0]
+    rows, start_all, inductor_spent = [], time.perf_counter(), 0.0
+    for c in cases(args.subset):
         if time.perf_counter() - start_all > args.budget_s:
-            print(f"budget reached; skipping {dtype} {m}x{n}x{k}", flush=True)
+            print(f"budget reached; skipping {c.dtype} {c.label}", flush=True)
             continue
-        problem = MatmulProblem(1, m, n, k, dtype, dtype, dtype)
+        problem = MatmulProblem(c.batch, c.m, c.n, c.k, c.dtype, c.dtype, c.dtype, transpose_b=c.transpose_b)
         operands = random_operands(problem, device, seed=7)
         before = counters.stats()
         t0 = time.perf_counter()
@@ -107,75 +154,98 @@ def run_cold(args) -> list[dict]:
         after = counters.stats()
         winner = tuner.candidate(decision.winner)
         xla = jax.jit(lambda a, b: xla_dot(a, b, problem))
-        xla_again = jax.jit(lambda a, b: xla_dot(a, b, problem))  # a second compile of it
+        xla_again = jax.jit(lambda a, b: xla_dot(a, b, problem))
         tuned = jax.jit(lambda a, b: winner.fn(a, b, problem))
-        row = {
-            "dtype": dtype, "m": m, "n": n, "k": k, "winner": decision.winner,
-            "source": decision.source,  # "memory": an earlier shape had the same key
-            "torch_us": torch_us(m, n, k, dtype), "floor_us": floor_us(m, n, k, dtype),
-            "cold_tune_s": cold_s, "compiles": after["candidate_compiles"] - before["candidate_compiles"],
-            "slowest_compile_s": max((r.compile_seconds or 0.0 for r in decision.results), default=0.0),
-            "probe_launches": after["probe_launches"] - before["probe_launches"],
-            "phase_seconds": decision.bounds.get("phase_seconds"),
-            "outcomes": {r.name: r.outcome for r in decision.results},
-            "reason": decision.reason,
-        }
+        row = {**dataclasses.asdict(c), "label": c.label, "winner": decision.winner,
+               "source": decision.source, "floor_us": floor_us(c), "cold_tune_s": cold_s,
+               "compiles": after["candidate_compiles"] - before["candidate_compiles"],
+               "pallas_round": any(r.name.startswith(("triton", "mosaic")) and r.outcome != "skipped"
+                                   for r in decision.results),
+               "probe_launches": after["probe_launches"] - before["probe_launches"],
+               "phase_seconds": decision.bounds.get("phase_seconds"),
+               "outcomes": {r.name: r.outcome for r in decision.results}, "reason": decision.reason}
         row["xla_us"], row["tuned_us"], row["xla_again_us"] = interleaved_device_us((xla, tuned, xla_again), operands)
-        row["speedup"] = row["xla_us"] / row["tuned_us"]
+        started = time.perf_counter()
+        row.update(torch_peers(c, args.inductor_budget_s - inductor_spent))
+        inductor_spent += time.perf_counter() - started if "inductor_us" in row else 0.0
+        found = exhaustive.get((c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b))
+        if found:
+            row["exhaustive_us"], row["exhaustive_compile_s"] = found["us"], found["compile_s"]
+        peers_us = [row.get(name) for name in ("xla_us", "xla_again_us", "cublas_us", "inductor_us", "exhaustive_us")]
+        row["best_peer_us"] = min(p for p in peers_us if p)
+        row["vs_best_peer"] = row["best_peer_us"] / row["tuned_us"]
+        row["vs_xla"] = row["xla_us"] / row["tuned_us"]
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "outcomes"}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "phase_seconds")}), flush=True)
     print("stats", json.dumps(jat.stats()), flush=True)
     return rows
 
 
 def run_warm(args) -> dict:
-    """A second process: first call of jit(matmul) per key with the store warm."""
+    """A second process: first call of the tuned matmul per key, store and cache warm."""
     import jax
     import jax.numpy as jnp
     import jax_autotune as jat
 
     firsts = {}
-    for dtype, (m, n, k) in cases(args.subset):
-        a = jnp.ones((m, k), dtype)
-        b = jnp.ones((k, n), dtype)
+    for c in cases(args.subset):
+        lead = (c.batch,) if c.batch > 1 else ()
+        a = jnp.ones((*lead, c.m, c.k), c.dtype)
+        b = jnp.ones((*lead, c.n, c.k) if c.transpose_b else (*lead, c.k, c.n), c.dtype)
+        f = (jax.jit(lambda x, y: jat.dot_general(x, y, (((x.ndim - 1,), (y.ndim - 1,)),
+                                                          (tuple(range(x.ndim - 2)),) * 2)))
+             if c.transpose_b else jax.jit(jat.matmul))
         jax.block_until_ready((a, b))
         t0 = time.perf_counter()
-        jax.block_until_ready(jax.jit(jat.matmul)(a, b))
-        firsts[f"{dtype} {m}x{n}x{k}"] = time.perf_counter() - t0
+        jax.block_until_ready(f(a, b))
+        firsts[f"{c.dtype} {c.label}"] = time.perf_counter() - t0
     return {"first_call_s": firsts, "stats": jat.stats()}
 
 
-def report(rows, warm, command) -> str:
+def _cell(value, fmt="{:.1f}"):
+    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def report(rows, warm, command, exhaustive_budget_s) -> str:
     import jax
     date = datetime.date.today().isoformat()
     lines = [f"# GPU suite on an H200, {date}", "", f"jax {jax.__version__}; command: `{command}`", "",
-             "Device times in us (CUPTI for XLA and tuned, CUDA events for torch); speedup = XLA / tuned.",
-             "", "| dtype | m x n x k | floor | XLA | XLA again | torch | tuned | speedup | winner | cold tune s | compiles | slowest compile s | warm first call s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Device times in us: CUPTI for XLA, XLA exhaustive and tuned; torch.profiler kernel "
+             "time for cuBLAS (torch.matmul) and Inductor (max-autotune-no-cudagraphs). "
+             "vs best = best peer / tuned (>= 0.97: at most 3% behind); vs XLA = XLA / tuned. "
+             f"XLA exhaustive ran in a child within {exhaustive_budget_s:.0f} s (compile s in brackets).", "",
+             "| group | case | dtype | m x n x k | floor | XLA | XLA again | XLA exhaustive | cuBLAS | Inductor (tune s) "
+             "| tuned | vs best | vs XLA | winner | cold tune s | warm first call s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        name = f"{r['dtype']} {r['m']}x{r['n']}x{r['k']}"
-        t = f"{r['torch_us']:.1f}" if r["torch_us"] else "-"
-        w = warm.get("first_call_s", {}).get(name)
-        w = f"{w:.3f}" if w is not None else "-"
-        again = f"{r['xla_again_us']:.1f}" if r.get("xla_again_us") else "-"
-        lines.append(f"| {r['dtype']} | {r['m']}x{r['n']}x{r['k']} | {r['floor_us']:.1f} | {r['xla_us']:.1f} | {again} | "
-                     f"{t} | {r['tuned_us']:.1f} | {r['speedup']:.2f} | {r['winner']} | "
-                     f"{cold_cell(r)} | {r['compiles']} | {r['slowest_compile_s']:.2f} | {w} |")
-    goal = [r["speedup"] for r in rows if (r["m"], r["n"], r["k"]) in GOAL_SHAPES]
-    large = [r["speedup"] for r in rows if r["dtype"] == "bfloat16" and (r["m"], r["n"], r["k"]) in LARGE_ALIGNED_BF16]
-    colds = [r["cold_tune_s"] for r in rows if r.get("source", "tuned") == "tuned"]
+        exhaustive = (f"{r['exhaustive_us']:.1f} ({r['exhaustive_compile_s']:.0f} s)" if "exhaustive_us" in r else "-")
+        inductor = (f"{r['inductor_us']:.1f} ({r['inductor_tune_s']:.0f} s)" if "inductor_us" in r else "-")
+        cold = f"{r['cold_tune_s']:.2f}" if r["source"] == "tuned" else f"- ({r['source']})"
+        warm_s = warm.get("first_call_s", {}).get(f"{r['dtype']} {r['label']}")
+        lines.append(f"| {r['group']} | {r['name']} | {r['dtype']} | {r['label']} | {r['floor_us']:.1f} | "
+                     f"{r['xla_us']:.1f} | {r['xla_again_us']:.1f} | {exhaustive} | {_cell(r.get('cublas_us'))} | "
+                     f"{inductor} | {r['tuned_us']:.1f} | {r['vs_best_peer']:.2f} | {r['vs_xla']:.2f} | "
+                     f"{r['winner']} | {cold} | {_cell(warm_s, '{:.3f}')} |")
+    misaligned = [r["vs_best_peer"] for r in rows if r["group"] == "misaligned"]
+    colds = [r for r in rows if r["source"] == "tuned"]
+    pallas = [r["cold_tune_s"] for r in colds if r["pallas_round"]]
     lines += ["", "| goal | target | reached |", "|---|---|---|",
-              f"| min speedup, every shape | >= 0.97 | {min(r['speedup'] for r in rows):.2f} |",
-              f"| XLA / XLA again (one program compiled twice), range | - | {spread(rows)} |",
-              f"| geomean speedup, goal shapes | >= 1.5 | {geomean(goal):.2f} ({len(goal)} cases) |",
-              f"| min speedup, large aligned bf16 | >= 0.97 | {min(large) if large else float('nan'):.2f} |",
-              f"| median cold tune of a key | <= 1.0 s | {statistics.median(colds):.2f} s ({len(colds)} keys) |",
-              f"| first key of the process, probes included | <= 2.0 s | {colds[0]:.2f} s |"]
-    phases = [r["phase_seconds"] for r in rows if r.get("phase_seconds") and r.get("source", "tuned") == "tuned"]
-    if phases:
-        names = sorted({name for p in phases for name in p})
-        medians = ", ".join(f"{name} {statistics.median(p.get(name, 0.0) for p in phases):.2f} s" for name in names)
-        lines += ["", f"Median wall time of each phase of a cold tune ({len(phases)} tuned keys): {medians}."]
+              f"| min of best peer / tuned, every case | >= 0.97 | {min(r['vs_best_peer'] for r in rows):.2f} |",
+              f"| geomean of best peer / tuned, misaligned cases | >= 1.1 | {geomean(misaligned):.2f} ({len(misaligned)} cases) |",
+              f"| min of XLA / tuned, every case | >= 0.97 | {min(r['vs_xla'] for r in rows):.2f} |",
+              f"| XLA / XLA again (one program compiled twice), range | - | {spread(rows)} |"]
+    if colds:
+        lines.append(f"| first key of the process, probes included | <= 2.0 s | {colds[0]['cold_tune_s']:.2f} s |")
+    if pallas:
+        lines.append(f"| median cold tune of a key with a Pallas round | <= 1.5 s | "
+                     f"{statistics.median(pallas):.2f} s ({len(pallas)} keys) |")
+    behind = [r for r in rows if r["vs_best_peer"] < 0.97]
+    if behind:
+        lines += ["", "Behind the best peer by more than 3%: " + "; ".join(
+            f"{r['dtype']} {r['label']} ({r['vs_best_peer']:.2f})" for r in behind) + "."]
+    errors = [f"{r['dtype']} {r['label']}: {r[k]}" for r in rows for k in ("cublas_error", "inductor_error") if k in r]
+    if errors:
+        lines += ["", "Peer errors: " + "; ".join(errors)]
     return "\n".join(lines) + "\n"
 
 
@@ -184,55 +254,35 @@ def spread(rows) -> str:
     return f"{min(ratios):.2f} to {max(ratios):.2f}" if ratios else "-"
 
 
-def cold_cell(row) -> str:
-    if row.get("source", "tuned") != "tuned":
-        return f"- ({row['source']}: same key as an earlier shape)"
-    return f"{row['cold_tune_s']:.2f}"
-
-
-def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    labels = [f"{r['dtype'][:4]} {r['m']}x{r['n']}x{r['k']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(12, 5))
-    ax.bar(range(len(rows)), [r["speedup"] for r in rows])
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=7)
-    ax.set_ylabel("speedup over XLA's dot (device time)")
-    ax.set_title("jax_autotune on an H200")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--subset", choices=["bf16", "f32", "all"], default="all")
-    parser.add_argument("--budget-s", type=float, default=480.0)
-    parser.add_argument("--phase", choices=["all", "cold", "warm"], default="all", help=argparse.SUPPRESS)
+    parser.add_argument("--budget-s", type=float, default=300.0, help="the tuned side, all cases")
+    parser.add_argument("--inductor-budget-s", type=float, default=150.0)
+    parser.add_argument("--exhaustive-budget-s", type=float, default=60.0)
+    parser.add_argument("--phase", choices=["all", "warm"], default="all", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "warm":
         print(json.dumps(run_warm(args)))
         return
     os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="gpu_suite_"))
-    rows = run_cold(args)
+    exhaustive_cases = [(c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b) for c in cases(args.subset)]
+    exhaustive = peers.xla_exhaustive(exhaustive_cases, args.exhaustive_budget_s) if args.exhaustive_budget_s > 0 else {}
+    rows = run_cold(args, exhaustive)
     warm = {}
     try:
         done = subprocess.run([sys.executable, __file__, "--phase", "warm", "--subset", args.subset],
-                              capture_output=True, text=True, timeout=240, env=dict(os.environ))
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ))
         warm = json.loads(done.stdout.strip().splitlines()[-1])
     except Exception as err:  # noqa: BLE001 - the cold table stands on its own
         print(f"warm phase failed: {err}", flush=True)
     command = "python benchmarks/gpu_suite.py " + " ".join(sys.argv[1:])
-    text = report(rows, warm, command)
+    text = report(rows, warm, command, args.exhaustive_budget_s)
     print(text)
-    stem = write_results(args.out, f"gpu_suite_{datetime.date.today().isoformat()}_{args.subset}",
-                         text, {"rows": rows, "warm": warm, "command": command})
-    plot(rows, stem + ".png")
+    write_results(args.out, f"gpu_suite_{datetime.date.today().isoformat()}_{args.subset}", text,
+                  {"rows": rows, "warm": warm, "exhaustive": [list(k) + [v] for k, v in exhaustive.items()],
+                   "command": command})
 
 
 if __name__ == "__main__":

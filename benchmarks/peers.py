@@ -12,7 +12,7 @@
   shapes in order until a wall-time budget runs out.
 
     >>> us = torch_kernel_us(lambda: torch.matmul(a, b))
-    >>> rows = xla_exhaustive([("bfloat16", 768, 768, 768)], budget_s=120)
+    >>> rows = xla_exhaustive([("bfloat16", 1, 768, 768, 768, False)], budget_s=120)
 """
 
 from __future__ import annotations
@@ -45,30 +45,34 @@ def torch_kernel_us(fn, iterations: int = ITERATIONS, rounds: int = ROUNDS) -> f
         total = 0.0
         for event in prof.key_averages():
             total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+        if total <= 0:
+            raise RuntimeError("torch.profiler recorded no CUDA kernel")
         per_call.append(total / iterations)
     return statistics.median(per_call)
 
 
-def torch_operands(dtype: str, m: int, n: int, k: int, transpose_b: bool = False):
+def torch_operands(dtype: str, m: int, n: int, k: int, transpose_b: bool = False, batch: int = 1):
+    """Row-major operands; a transposed rhs is a (n, k) tensor seen as (k, n)."""
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True  # f32 at DEFAULT is TF32 in XLA too
     tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
-    a = torch.randn(m, k, device="cuda", dtype=tdtype)
-    b = torch.randn(n, k, device="cuda", dtype=tdtype).t() if transpose_b else \
-        torch.randn(k, n, device="cuda", dtype=tdtype)
+    lead = (batch,) if batch > 1 else ()
+    a = torch.randn(*lead, m, k, device="cuda", dtype=tdtype)
+    b = (torch.randn(*lead, n, k, device="cuda", dtype=tdtype).transpose(-1, -2) if transpose_b
+         else torch.randn(*lead, k, n, device="cuda", dtype=tdtype))
     return a, b
 
 
-def cublas_us(dtype: str, m: int, n: int, k: int, transpose_b: bool = False) -> float:
-    a, b = torch_operands(dtype, m, n, k, transpose_b)
+def cublas_us(dtype: str, m: int, n: int, k: int, transpose_b: bool = False, batch: int = 1) -> float:
     import torch
+    a, b = torch_operands(dtype, m, n, k, transpose_b, batch)
     return torch_kernel_us(lambda: torch.matmul(a, b))
 
 
-def inductor(dtype: str, m: int, n: int, k: int, transpose_b: bool = False) -> dict:
+def inductor(dtype: str, m: int, n: int, k: int, transpose_b: bool = False, batch: int = 1) -> dict:
     """{'us': device time per call, 'tune_s': first call (compile + autotune)}."""
     import torch
-    a, b = torch_operands(dtype, m, n, k, transpose_b)
+    a, b = torch_operands(dtype, m, n, k, transpose_b, batch)
     compiled = torch.compile(torch.matmul, mode="max-autotune-no-cudagraphs", dynamic=False)
     start = time.perf_counter()
     compiled(a, b)
@@ -84,22 +88,25 @@ def _exhaustive_child(cases: list) -> None:
     from jax import lax
     from jax.experimental.mosaic.gpu import profiler
 
-    for dtype, m, n, k in cases:
-        a = jnp.ones((m, k), dtype)
-        b = jnp.ones((k, n), dtype)
+    for dtype, batch, m, n, k, transpose_b in cases:
+        lead = (batch,) if batch > 1 else ()
+        a = jnp.ones((*lead, m, k), dtype)
+        b = jnp.ones((*lead, n, k) if transpose_b else (*lead, k, n), dtype)
+        dims = (((a.ndim - 1,), (b.ndim - 1 if transpose_b else b.ndim - 2,)), (tuple(range(len(lead))),) * 2)
         start = time.perf_counter()
-        compiled = jax.jit(lambda x, y: lax.dot(x, y, preferred_element_type=x.dtype)).lower(a, b).compile()
+        compiled = jax.jit(lambda x, y: lax.dot_general(x, y, dims, preferred_element_type=x.dtype)).lower(a, b).compile()
         compile_s = time.perf_counter() - start
         times = []
         for _ in range(ROUNDS):
             _, ms = profiler.measure(compiled, iterations=ITERATIONS)(a, b)
             times.extend(ms if isinstance(ms, (list, tuple)) else [ms])
-        print(json.dumps({"dtype": dtype, "m": m, "n": n, "k": k, "compile_s": compile_s,
+        print(json.dumps({"case": [dtype, batch, m, n, k, transpose_b], "compile_s": compile_s,
                           "us": statistics.median(times) * 1e3}), flush=True)
 
 
 def xla_exhaustive(cases: list, budget_s: float) -> dict:
-    """{(dtype, m, n, k): {'us', 'compile_s'}} for the shapes that finished in the budget."""
+    """{(dtype, batch, m, n, k, transpose_b): {'us', 'compile_s'}} for the cases that
+    finished within the budget."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_exhaustive_tiling_search=true").strip()
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -116,7 +123,7 @@ def xla_exhaustive(cases: list, budget_s: float) -> dict:
             row = json.loads(line)
         except ValueError:
             continue
-        found[(row["dtype"], row["m"], row["n"], row["k"])] = {"us": row["us"], "compile_s": row["compile_s"]}
+        found[tuple(row["case"])] = {"us": row["us"], "compile_s": row["compile_s"]}
     return found
 
 
