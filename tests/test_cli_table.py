@@ -8,7 +8,8 @@ import pytest
 from jax_autotune import cli
 from jax_autotune import tuners as tuner_module
 from jax_autotune.cli.table import format_seconds
-from jax_autotune.tuning.store import open_store, throughput_namespace
+from jax_autotune.tuning.namespace import throughput_namespace
+from jax_autotune.tuning.store import open_store
 from jax_autotune.tables.summary import key_id
 from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner  # noqa: F401
 

@@ -17,7 +17,8 @@ from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks
-from jax_autotune.tuning.store import TuneStore, decision_namespace
+from jax_autotune.tuning.namespace import decision_namespace
+from jax_autotune.tuning.store import TuneStore
 from jax_autotune.tables.install import load_table, read_table, table
 from jax_autotune.tables.table_file import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
                                             TuneTableWarning)

@@ -24,8 +24,8 @@ from jax_autotune.key import MatmulKey
 from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
 from jax_autotune.tuners import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision
-from jax_autotune.tuning.store import (DecisionNamespace, TuneStore, current_decision_prefix,
-                                       open_store)
+from jax_autotune.tuning.namespace import DecisionNamespace, current_decision_prefix
+from jax_autotune.tuning.store import TuneStore, open_store
 from jax_autotune.tuning.tuner import Tuner
 
 

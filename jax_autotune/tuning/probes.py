@@ -41,7 +41,8 @@ from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks, Work
-from jax_autotune.tuning.store import TuneStore, throughput_namespace
+from jax_autotune.tuning.namespace import throughput_namespace
+from jax_autotune.tuning.store import TuneStore
 from jax_autotune.tuning.timing import Timer, WallClockTimer, random_operands
 
 PROBE_VERSION = "probe-v1"

@@ -41,7 +41,8 @@ from jax_autotune.tuning.plan import make_plan
 from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
-from jax_autotune.tuning.store import TuneStore, decision_namespace, open_store
+from jax_autotune.tuning.namespace import decision_namespace
+from jax_autotune.tuning.store import TuneStore, open_store
 from jax_autotune.tuning.timing import Timer, random_operands, timer_for
 
 class PhaseClock:

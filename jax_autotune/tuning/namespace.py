@@ -1,0 +1,82 @@
+"""Store namespaces: where decisions and probe results of one package, jax and device live.
+
+    >>> from jax_autotune.tuning.namespace import decision_namespace, DecisionNamespace
+    >>> DecisionNamespace.parse(decision_namespace("cpu-x")).device
+    'cpu-x'
+
+``autotune/<jax_autotune version>/<jax version>/<device fingerprint>/matmul`` holds one
+row per tuned key; ``throughput/<jax_autotune version>/<device fingerprint>`` the measured
+peaks and launch overhead of one device, shared by all keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jax_autotune._version import __version__
+
+__all__ = ["DECISIONS", "THROUGHPUT", "DecisionNamespace", "current_decision_prefix",
+           "decision_namespace", "throughput_namespace"]
+
+
+def _check_fingerprint(device_fingerprint: str) -> str:
+    if not isinstance(device_fingerprint, str) or not device_fingerprint or "/" in device_fingerprint:
+        raise ValueError("device_fingerprint: expected a non-empty string without '/', "
+                         f"got {device_fingerprint!r}")
+    return device_fingerprint
+
+
+# The one home of the namespace formats: ``autotune/<version>/<jax>/<device>/matmul`` for
+# decisions, ``throughput/<version>/<device>`` for probe results.
+DECISIONS = "autotune"
+THROUGHPUT = "throughput"
+_TUNER_NAME = "matmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionNamespace:
+    """The parts of a decision namespace.
+
+        >>> DecisionNamespace.parse("autotune/0.1.0/0.10.2/cpu-x/matmul").device
+        'cpu-x'
+    """
+
+    version: str
+    jax_version: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{DECISIONS}/{self.version}/{self.jax_version}/{self.device}/{_TUNER_NAME}"
+
+    @classmethod
+    def parse(cls, namespace: str) -> "DecisionNamespace | None":
+        """The parts of ``namespace``, or None when it is not a decision namespace."""
+        parts = namespace.split("/")
+        if len(parts) != 5 or parts[0] != DECISIONS or parts[4] != _TUNER_NAME or not all(parts):
+            return None
+        return cls(parts[1], parts[2], parts[3])
+
+
+def decision_namespace(device_fingerprint: str) -> str:
+    """The namespace of matmul tuning decisions for this package, this jax and this device.
+
+        >>> decision_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
+        'autotune/0.1.0/0.10.2/cuda-NVIDIA_H200-139GiB/matmul'
+    """
+    return str(DecisionNamespace(__version__, jax.__version__, _check_fingerprint(device_fingerprint)))
+
+
+def current_decision_prefix() -> str:
+    """The prefix of every decision namespace of this package and jax version."""
+    return f"{DECISIONS}/{__version__}/{jax.__version__}/"
+
+
+def throughput_namespace(device_fingerprint: str) -> str:
+    """The namespace of a device's measured peaks and launch overhead (jax-independent).
+
+        >>> throughput_namespace("cpu-x86_64")   # doctest: +SKIP
+        'throughput/0.1.0/cpu-x86_64'
+    """
+    return f"{THROUGHPUT}/{__version__}/{_check_fingerprint(device_fingerprint)}"
