@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +80,16 @@ def _lowering(platform: str):
         tuner = tuner_for(platform)
         decision = tuner.select(problem, key)
         candidate = tuner.candidate(decision.winner)
-        kernel = functools.partial(_call_candidate, candidate.fn, problem=problem)
-        return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+        if candidate.fn is xla_dot:
+            return _lower(xla_dot, ctx, lhs, rhs, problem)
+        try:
+            return _lower(candidate.fn, ctx, lhs, rhs, problem)
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem
+            # (its wrapper refuses it while tracing, before emitting anything): XLA's dot
+            warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower "
+                          f"{problem.describe()} ({type(err).__name__}: {err}); using XLA's dot.",
+                          RuntimeWarning, stacklevel=2)
+            return _lower(xla_dot, ctx, lhs, rhs, problem)
     return rule
 
 
@@ -88,9 +97,13 @@ def _call_candidate(fn, lhs, rhs, *, problem):
     return fn(lhs, rhs, problem)
 
 
-def _xla_lowering(ctx, lhs, rhs, *, problem, key):
-    kernel = functools.partial(_call_candidate, xla_dot, problem=problem)
+def _lower(fn, ctx, lhs, rhs, problem: MatmulProblem):
+    kernel = functools.partial(_call_candidate, fn, problem=problem)
     return mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+
+
+def _xla_lowering(ctx, lhs, rhs, *, problem, key):
+    return _lower(xla_dot, ctx, lhs, rhs, problem)
 
 
 # ---------------------------------------------------------------- autodiff

@@ -166,7 +166,7 @@ def run_import(args) -> int:
     installed = install_table(imported, tuners=tuners)
     for device, section in imported.devices.items():
         if device in installed:
-            print(f"installed {installed[device]} decisions for {device}")
+            print(f"installed {installed[device].installed} decisions for {device}")
         else:
             print(f"kept {len(section.entries)} decisions for {device} (not this device: "
                   f"not installed)")
