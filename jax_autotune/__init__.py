@@ -17,16 +17,18 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tables.install import load_table, table
 from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
 from jax_autotune.tuning.counters import reset_stats, stats
-from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.tuners import NativeKernelsWarning
+from jax_autotune.tuning.decision import CandidateResult, Decision, DecisionLogWarning
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning
 from jax_autotune.tuning.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup
 
 __all__ = [
-    "CandidateResult", "Decision", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
-    "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
-    "TuneTableWarning", "WarmupReport", "__version__", "config", "dot_general",
-    "key_for", "load_table", "matmul", "reset_stats", "stats", "table", "warmup",
+    "CandidateResult", "Decision", "DecisionLogWarning", "JaxAutotuneStoreWarning", "KeyNotTunedError",
+    "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem", "NativeKernelsWarning", "Precision",
+    "Scale", "TuneTable", "TuneTableError", "TuneTableWarning", "WarmupReport", "__version__",
+    "config", "dot_general", "key_for", "load_table", "matmul", "reset_stats", "stats", "table",
+    "warmup",
 ]
 
 
