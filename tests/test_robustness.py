@@ -1,6 +1,5 @@
 """Untrusted tables, store rows, kernels and builds never break the user's matmul (real CPU tuner)."""
 
-import dataclasses
 import json
 import os
 import subprocess

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -415,9 +417,7 @@ _SERVE_AS_NOBODY = textwrap.dedent("""
 """)
 
 
-def test_a_read_only_store_serves_a_process_of_an_unprivileged_user(tmp_path):
-    import shutil
-    import tempfile
+def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the serving process as user nobody")
