@@ -22,15 +22,17 @@ from jax_autotune.serving import (deserialize, export, export_allowing, export_d
 from jax_autotune.tables.install import load_table, table
 from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
 from jax_autotune.tuning.counters import reset_stats, stats
-from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.tuners import NativeKernelsWarning
 from jax_autotune.tuning.consensus import JaxAutotuneConsensusWarning
+from jax_autotune.tuning.decision import CandidateResult, Decision, DecisionLogWarning
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning
 from jax_autotune.tuning.tuner import KeyNotTunedError
 from jax_autotune.warmup import WarmupReport, warmup
 
 __all__ = [
-    "CandidateResult", "Decision", "JaxAutotuneConsensusWarning", "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout",
-    "Level", "MatmulKey", "MatmulProblem", "Precision", "Scale", "TuneTable", "TuneTableError",
+    "CandidateResult", "Decision", "DecisionLogWarning", "JaxAutotuneConsensusWarning",
+    "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout", "Level", "MatmulKey",
+    "MatmulProblem", "NativeKernelsWarning", "Precision", "Scale", "TuneTable", "TuneTableError",
     "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "deserialize",
     "dot_general", "export", "export_allowing", "export_disabled_checks", "key_for", "load_table",
     "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from typing import Any, Sequence
 
 import jax
@@ -39,7 +40,8 @@ def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, prec
 def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None):
     """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting and
     dtype promotion as in NumPy; the result dtype is ``preferred_element_type`` if given;
-    ``out_sharding`` as jnp.matmul takes it (Explicit mesh axes).
+    ``out_sharding`` as jnp.matmul takes it (Explicit mesh axes). A zero-size operand
+    gives what jnp gives (an empty array, or zeros when k is 0).
 
     >>> jat.matmul(jnp.ones((3, 4)), jnp.ones(4)).shape
     (3,)
@@ -73,6 +75,8 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     final_shape = (*batch_shape, m, n)
     if vector_a or vector_b:
         final_shape = (*batch_shape, *([m] if not vector_a else []), *([n] if not vector_b else []))
+    if min(batch, m, n, k) == 0:  # what jnp returns: empty, or zeros when only k is 0
+        return jnp.zeros(final_shape, out_dtype)
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
         lhs = _reshape(a2, (1, batch * m, k))
@@ -131,7 +135,10 @@ def _reshape(x, shape, out_sharding=None):
 
 
 def _check_dims(name: str, dims: Sequence[int], ndim: int, shape) -> tuple[int, ...]:
-    dims = tuple(int(d) for d in dims)
+    try:  # integers only, as lax: 2.5 or '2' is a TypeError, never truncated or converted
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError as err:
+        raise TypeError(f"dot_general: {name} must be integers, got {tuple(dims)!r}: {err}") from None
     if any(not 0 <= d < ndim for d in dims) or len(set(dims)) != len(dims):
         raise ValueError(f"dot_general: {name} {dims} must be distinct dims of an operand of shape {shape}")
     return dims
@@ -210,6 +217,10 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type,
                                out_sharding=out_sharding)
+    out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
+        tuple(rhs.shape[d] for d in rfree)
+    if lhs.size == 0 or rhs.size == 0:  # what lax returns: empty, or zeros when only k is 0
+        return jnp.zeros(out_shape, out_dtype)
     lhs3, transpose_a = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
     rhs3, transpose_b = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
     batch = lhs3.shape[0]
@@ -217,8 +228,6 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
     problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b, precision)
-    out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
-        tuple(rhs.shape[d] for d in rfree)
     out = bind_matmul(lhs3, rhs3, problem, _canonical_sharding(out_sharding, out_shape, problem.out_shape))
     return _reshape(out, out_shape, out_sharding)
 

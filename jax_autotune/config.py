@@ -63,8 +63,18 @@ def _parse_choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     return parse
 
 
+def _text(name: str, value: Any, expected: str) -> str:
+    """``value`` as text when it is a string or a path; a number or a boolean (e.g. from
+    the toml file) is a ConfigError, never a name like './5'."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: expected {expected} (a string), got {value!r}")
+    return value
+
+
 def _parse_environment(name: str, value: Any) -> str:
-    text = str(value)
+    text = _text(name, value, "a database name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text) or text.startswith("."):
         raise ConfigError(f"{name}: expected a database name of letters, digits, '_', '.', '-' "
                           f"(1-64 chars), got {value!r}")
@@ -72,7 +82,7 @@ def _parse_environment(name: str, value: Any) -> str:
 
 
 def _parse_path(name: str, value: Any) -> str:
-    text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    text = _text(name, value, "a directory path")
     if not text.strip():
         raise ConfigError(f"{name}: expected a directory path, got an empty string")
     return os.path.abspath(os.path.expanduser(text))
@@ -81,7 +91,7 @@ def _parse_path(name: str, value: Any) -> str:
 def _parse_log(name: str, value: Any) -> str | None:
     if value is None:
         return None
-    text = str(value).strip()
+    text = _text(name, value, "stdout, stderr, a file path or none").strip()
     if text == "" or text.lower() in ("none", "0", "off"):
         return None
     if text in ("stdout", "stderr"):
@@ -91,7 +101,7 @@ def _parse_log(name: str, value: Any) -> str | None:
 
 def _parse_seconds(name: str, value: Any) -> float:
     try:
-        seconds = float(value)
+        seconds = float("nan") if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
@@ -144,7 +154,8 @@ def find_config_file(start: str | os.PathLike | None = None) -> tuple[Path | Non
             return own, _read_toml(own)
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
-            table = _read_toml(pyproject).get("tool", {}).get("jax_autotune")
+            tool = _read_toml(pyproject).get("tool")
+            table = tool.get("jax_autotune") if isinstance(tool, dict) else None
             if table is not None:
                 if not isinstance(table, dict):
                     raise ConfigError(f"{pyproject}: [tool.jax_autotune] must be a table")
@@ -156,8 +167,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read config file: {err}") from err
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:  # toml is UTF-8
+        raise ConfigError(f"{path}: cannot read config file: {type(err).__name__}: {err}") from None
 
 
 def _file_values() -> tuple[Path | None, dict[str, Any]]:

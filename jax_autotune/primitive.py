@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +128,16 @@ def _lowering(platform: str):
             return _emit(ctx, lhs, rhs, kernel)
         tuner = tuner_for(platform)
         candidate = emitted_candidate(tuner, problem, tuner.select(problem, key), for_export, target)
-        return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, candidate.fn, problem=problem))
+        if candidate.fn is xla_dot:
+            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
+        try:
+            return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, candidate.fn, problem=problem))
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem
+            # (its wrapper refuses it while tracing, before emitting anything): XLA's dot
+            warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower "
+                          f"{problem.describe()} ({type(err).__name__}: {err}); using XLA's dot.",
+                          RuntimeWarning, stacklevel=2)
+            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
     return rule
 
 

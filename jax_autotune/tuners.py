@@ -32,19 +32,32 @@ from jax_autotune.tuning.tuner import Tuner
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
 _store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment) each tuner uses
 _tuners_lock = threading.Lock()
+_warned_native = False
+
+
+class NativeKernelsWarning(UserWarning):
+    """The native CPU kernels are not built: CPU matmuls use XLA's dot only."""
 
 
 def native_module(platform: str):
-    """The native CPU kernel module where the extension is built, else None.
+    """The native CPU kernel module where the extension is built, else None (on a CPU,
+    with one ``NativeKernelsWarning`` per process saying how to build it).
 
     Imported here, not at module level: a source checkout without the built extension
     (or a GPU-only process) must still import the package.
     """
+    global _warned_native
     if platform != "cpu":
         return None
     try:
         from jax_autotune.kernels.cpu import native
-    except ImportError:
+    except ImportError as err:
+        if not _warned_native:
+            _warned_native = True
+            warnings.warn(f"jax_autotune: the native CPU kernels are not built ({err}); CPU "
+                          f"matmuls use XLA's dot only. To build them in a source checkout: "
+                          f"pip install --no-build-isolation -e . (see BUILD.md)",
+                          NativeKernelsWarning, stacklevel=2)
         return None
     return native
 
@@ -85,7 +98,8 @@ def _use_compilation_cache(settings: tuple) -> None:
 def _build(platform: str) -> Tuner:
     jax_device = jax.local_devices(backend=platform)[0]  # this process's own, in a multi-process job
     native = native_module(jax_device.platform)
-    device = device_info(jax_device, native.cpu_features() if native else frozenset())
+    device = (device_info(jax_device, native.cpu_features(), native.isa()) if native
+              else device_info(jax_device))
     return Tuner(device, candidate_set_for(device), jax_device=jax_device, native=native)
 
 

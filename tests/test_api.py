@@ -278,3 +278,56 @@ def test_flax_nnx_linear_with_the_drop_in_matches_the_default(fresh_tuning):
     assert rel_error(tuned(x), default(x)) < 1e-5
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(tuned)
     assert np.isfinite(np.asarray(grads.kernel[...])).all()
+
+
+ZERO_SIZE = [((0, 48), (48, 32)), ((5, 0), (0, 3)), ((5, 4), (4, 0)), ((0, 5, 4), (0, 4, 3)),
+             ((2, 0, 4), (4, 3)), ((3, 0), (0,)), ((0,), (0, 4)), ((0,), (0,))]
+
+
+def bound_primitives(fn, *args) -> list:
+    return [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive is primitive.matmul_p]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", ZERO_SIZE)
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_zero_size_operands_give_what_jnp_gives_without_tuning(fresh_tuning, a_shape, b_shape, dtype):
+    a, b = jnp.ones(a_shape, dtype), jnp.ones(b_shape, dtype)
+    want = jnp.matmul(a, b)
+    for got in (jat.matmul(a, b), jax.jit(jat.matmul)(a, b)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert bound_primitives(jat.matmul, a, b) == []
+    assert counters.stats()["tuned"] == 0 and counters.stats()["candidate_compiles"] == 0
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dims", [
+    ((0, 48), (48, 32), (((1,), (0,)), ((), ()))),
+    ((5, 0), (3, 0), (((1,), (1,)), ((), ()))),         # k = 0, rhs transposed: zeros
+    ((0, 5, 4), (0, 4, 3), (((2,), (1,)), ((0,), (0,)))),  # batch 0
+    ((2, 5, 4), (2, 4, 0), (((2,), (1,)), ((0,), (0,)))),  # n = 0
+])
+def test_zero_size_dot_general_vmap_and_grad_match_lax(fresh_tuning, lhs_shape, rhs_shape, dims):
+    lhs, rhs = jnp.ones(lhs_shape), jnp.ones(rhs_shape)
+    want = lax.dot_general(lhs, rhs, dims)
+    got = jax.jit(lambda x, y: jat.dot_general(x, y, dims))(lhs, rhs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    grads = jax.grad(lambda x, y: jat.dot_general(x, y, dims).sum(), argnums=(0, 1))(lhs, rhs)
+    want_grads = jax.grad(lambda x, y: lax.dot_general(x, y, dims).sum(), argnums=(0, 1))(lhs, rhs)
+    for g, w in zip(grads, want_grads):
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+    stacked = jax.vmap(lambda x, y: jat.dot_general(x, y, dims))(jnp.stack([lhs] * 3), jnp.stack([rhs] * 3))
+    assert stacked.shape == (3, *want.shape)
+    assert counters.stats()["tuned"] == 0
+
+
+@pytest.mark.parametrize("bad", [2.5, "1", 1.0])
+def test_dimension_numbers_must_be_integers_as_in_lax(bad):
+    lhs, rhs = jnp.ones((3, 4)), jnp.ones((4, 5))
+    dims = (((bad,), (0,)), ((), ()))
+    with pytest.raises(TypeError):
+        lax.dot_general(lhs, rhs, dims)
+    with pytest.raises(TypeError, match="lhs dims must be integers"):
+        jat.dot_general(lhs, rhs, dims)
+    assert jat.dot_general(lhs, rhs, (((np.int64(1),), (jnp.int32(0),)), ((), ()))).shape == (3, 5)

@@ -86,6 +86,27 @@ def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkey
         restore_step(tmp_path / "ckpt", params)
 
 
+def test_a_checkpoint_item_that_is_not_utf8_is_a_tune_table_error(tmp_path, monkeypatch, params):
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
+    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(),
+                        make_tuner(TuneStore(tmp_path / "serving.db")))
+    path = tmp_path / "ckpt" / "1" / "tune_table" / TUNE_TABLE_FILENAME
+    path.write_bytes(path.read_bytes().replace(b"xla_dot", b"xla_d\xf6t"))
+    with pytest.raises(TuneTableError, match="UnicodeDecodeError"):
+        restore_step(tmp_path / "ckpt", params)
+
+
+def test_jat_checkpoint_is_an_attribute_that_loads_orbax_on_first_use():
+    code = ("import sys, jax_autotune as jat\n"
+            "before = 'orbax.checkpoint' in sys.modules\n"
+            "save = jat.checkpoint.TuneTableSave\n"
+            "print(before, 'orbax.checkpoint' in sys.modules, save.__name__, jat.checkpoint.__name__)")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(DOC.parent)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "TuneTableSave", "jax_autotune.checkpoint"]
+
+
 def test_saving_something_else_than_a_tune_table_names_the_argument():
     with pytest.raises(TypeError, match="TuneTableSave.table"):
         TuneTableSave({"not": "a table"})

@@ -2,6 +2,10 @@
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -9,8 +13,9 @@ import pytest
 from jax_autotune import cli
 from jax_autotune import tuners as tuner_module
 from jax_autotune.cli.table import format_seconds
-from jax_autotune.tuning.namespaces import throughput_namespace
-from jax_autotune.tuning.store import open_store
+from jax_autotune.tables.install import table
+from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
+from jax_autotune.tuning.store import TuneStore, open_store
 from jax_autotune.tables.summary import key_id
 from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner  # noqa: F401
 
@@ -104,9 +109,85 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
 
 
 def test_clear_with_a_device_deletes_only_that_device(tuner, capsys):
+    other = decision_namespace("gpu-other-mem1")
+    tuner.store.put(other, "k", "c", {"winner": "xla_dot"})
     code, out, _ = run(capsys, "clear", "--device", "gpu-other-mem1")
-    assert code == 0 and "deleted 0" in out
+    assert code == 0 and "deleted 1" in out
+    assert len(tuner.store.entries(tuner.namespace)) == 2 and tuner.store.entries(other) == []
+
+
+def test_clear_of_an_unknown_device_is_an_error_listing_the_known_ones(tuner, capsys):
+    code, out, err = run(capsys, "clear", "--device", "bogus")
+    assert code == 2 and out == ""
+    assert "'bogus'" in err and tuner.device.fingerprint in err
     assert len(tuner.store.entries(tuner.namespace)) == 2
+
+
+@pytest.mark.parametrize("argv", [["keys", "12x"], ["keys", "512", "--dtype", "float8"],
+                                  ["shapes", "abc"], ["keys", "0"], ["shapes", "64", "--dtype", "bf16"]])
+def test_bad_arguments_are_usage_errors_with_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    _, err = capsys.readouterr()
+    assert info.value.code == 2
+    [line] = [line for line in err.splitlines() if "error:" in line]
+    assert repr(argv[1] if argv[0] == "shapes" and argv[1] == "abc" else argv[-1]) in line
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["show", "export", "import", "clear"])
+def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, tmp_path, command):
+    table_file = tmp_path / "t.json"
+    table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
+    database = open_store().path
+    database.parent.mkdir(parents=True, exist_ok=True)
+    database.write_bytes(b"not a database" * 100)
+    code, out, err = run(capsys, command, *([str(table_file)] if command in ("export", "import") else []))
+    assert code == 1 and out == ""
+    assert err.splitlines()[0] == f"database: {database}"
+    [reason] = [line for line in err.splitlines() if line.startswith("jax-autotune:")]
+    assert f"{command}:" in reason and "not a database" in reason
+    assert database.read_bytes() == b"not a database" * 100
+
+
+def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    run(capsys, "export", str(path))
+    run(capsys, "clear")
+    tuner.store.close()  # a new process: it opens the database again
+    before = tuner.store.path.read_bytes()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real(p, mode, **kw))
+    code, out, err = run(capsys, "import", str(path))
+    assert code == 1 and "installed" not in out
+    assert "read-only" in err.splitlines()[-1] and tuner.store.path.read_bytes() == before
+
+
+def test_every_table_command_names_its_database_first(tuner, capsys, tmp_path):
+    for argv in (["show"], ["explain", key_id(PROBLEM_A.key())], ["export", str(tmp_path / "t.json")],
+                 ["import", str(tmp_path / "t.json")], ["clear"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 0 and err.splitlines()[0] == f"database: {open_store().path}", argv
+
+
+def test_help_texts_have_no_double_backticks():
+    parser = cli.build_parser()
+    texts = [parser.format_help()]
+    texts += [sub.format_help() for action in parser._subparsers._group_actions
+              for sub in action.choices.values()]
+    assert len(texts) == 8 and all("``" not in text for text in texts)
+    assert any("--cache-dir" in text and "nothing else in it is touched" in text for text in texts)
+
+
+def test_show_into_a_closed_pipe_ends_quietly(tuner, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2]),
+           "JAX_AUTOTUNE_CACHE_DIR": str(open_store().path.parent)}
+    with subprocess.Popen([sys.executable, "-P", "-m", "jax_autotune", "show"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # the reader is gone before anything is written (`show | head -0`)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert b"BrokenPipeError" not in err and b"Traceback" not in err
 
 
 def test_import_of_a_damaged_file_names_the_field(tuner, capsys, tmp_path):

@@ -103,3 +103,37 @@ def test_an_unknown_setting_lists_the_known_ones(tmp_path):
     config.reset()
     with pytest.raises(ConfigError, match="unknown setting"):
         config.get("mode")
+
+
+@pytest.mark.parametrize("raw", ["-1", "abc", "0", "inf", "nan", ""])
+def test_a_bad_budget_in_the_environment_is_an_error_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", raw)
+    if raw == "":  # an empty variable is unset
+        assert config.get("budget_seconds") == 10.0
+        return
+    with pytest.raises(ConfigError, match="JAX_AUTOTUNE_BUDGET_SECONDS: expected a positive number"):
+        config.get("budget_seconds")
+
+
+@pytest.mark.parametrize("toml", ["-1", '"abc"', "0", "inf", "true", "[1]"])
+def test_a_bad_budget_in_the_file_is_an_error_naming_the_file_and_the_setting(tmp_path, toml):
+    (tmp_path / "jax_autotune.toml").write_text(f"budget_seconds = {toml}\n")
+    config.reset()
+    with pytest.raises(ConfigError, match=r"jax_autotune.toml: budget_seconds: expected a positive"):
+        config.get("budget_seconds")
+
+
+@pytest.mark.parametrize("name, toml, shown", [("cache_dir", "5", "5"), ("cache_dir", "true", "True"),
+                                               ("environment", "5", "5"), ("log_decisions", "1.5", "1.5")])
+def test_a_path_or_name_that_is_not_a_string_in_the_file_is_an_error(tmp_path, name, toml, shown):
+    (tmp_path / "jax_autotune.toml").write_text(f"{name} = {toml}\n")
+    config.reset()
+    with pytest.raises(ConfigError, match=rf"{name}: expected .*\(a string\), got {shown}"):
+        config.get(name)
+
+
+def test_a_config_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
+    (tmp_path / "jax_autotune.toml").write_bytes(b'mode = "caf\xe9"\n')
+    config.reset()
+    with pytest.raises(ConfigError, match=r"jax_autotune.toml: cannot read config file: UnicodeDecodeError"):
+        config.get("mode")

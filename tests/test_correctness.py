@@ -1,6 +1,7 @@
 """Correctness gating: references, tolerances by dtype and precision, NaN never passes."""
 
 import dataclasses
+import warnings
 import math
 
 import jax
@@ -61,8 +62,40 @@ def test_integer_problems_are_checked_exactly():
     lhs, rhs = random_operands(problem, jax.devices()[0])
     out = jax.jit(lambda a, b: xla_dot(a, b, problem))(lhs, rhs)
     ref = reference(problem, lhs, rhs)
-    assert ref.dtype == np.int64 and check(out, ref, problem).ok
+    assert ref.dtype == np.int32 and check(out, ref, problem).ok
     assert not check(out.at[0, 0, 0].add(1), ref, problem).ok
+
+
+def test_an_int8_result_is_compared_with_the_int8_wraparound_of_the_exact_product():
+    problem = MatmulProblem(1, 4, 4, 64, "int8", "int8", "int8")
+    lhs = jnp.full(problem.lhs_shape, 7, jnp.int8)
+    rhs = jnp.full(problem.rhs_shape, 5, jnp.int8)  # each entry 64 * 35 = 2240: wraps to -64
+    out = jax.jit(lambda a, b: xla_dot(a, b, problem))(lhs, rhs)
+    ref = reference(problem, lhs, rhs)
+    assert ref.dtype == np.int8 and int(ref[0, 0, 0]) == np.int64(2240).astype(np.int8) == -64
+    verdict = check(out, ref, problem, platform="cpu")
+    assert verdict.ok and verdict.rel_error == 0.0
+    assert not check(out.at[0, 1, 2].add(1), ref, problem, platform="cpu").ok
+
+
+def test_complex_problems_are_checked_with_their_imaginary_parts_and_no_complex_warning():
+    problem = MatmulProblem(1, 6, 5, 4, "complex64", "complex64", "complex64")
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(rng.standard_normal(problem.lhs_shape) + 1j * rng.standard_normal(problem.lhs_shape),
+                      jnp.complex64)
+    rhs = jnp.asarray(rng.standard_normal(problem.rhs_shape) + 1j * rng.standard_normal(problem.rhs_shape),
+                      jnp.complex64)
+    out = jax.jit(lambda a, b: xla_dot(a, b, problem))(lhs, rhs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ComplexWarning (imaginary parts dropped) fails here
+        ref = reference(problem, lhs, rhs)
+        full = check(out, ref, problem, platform="cpu")
+        conjugated = check(jnp.conj(out), ref, problem, platform="cpu")  # same real parts
+        sampled = reference(problem, lhs, rhs, host_max_macs=0)
+        sampled_ok = check(out, sampled, problem, platform="cpu")
+        sampled_conj = check(jnp.conj(out), sampled, problem, platform="cpu")
+    assert ref.dtype == np.complex128 and full.ok and sampled_ok.ok
+    assert not conjugated.ok and not sampled_conj.ok
 
 
 def test_random_operands_are_never_zero_and_have_the_stored_shapes():

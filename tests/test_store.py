@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -341,3 +343,128 @@ def test_values_are_stored_as_plain_json_text(store):
     with sqlite3.connect(store.path) as raw:
         [(text, kind)] = raw.execute("SELECT value, typeof(value) FROM entries").fetchall()
     assert kind == "text" and json.loads(text) == {"a": "x", "b": [1, 2.5]}
+
+
+# -- read-only databases and bulk writes --------------------------------------------------
+
+
+def deny_writes(monkeypatch):
+    """What a process without write permission sees (root passes every permission check)."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if mode & os.W_OK else real(path, mode, **kw))
+
+
+def test_a_read_only_database_is_read_writes_are_dropped_and_one_warning_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "default.db"
+    with TuneStore(path) as writer:
+        writer.put(NS, "k", "c", {"winner": "xla_dot"})
+    before = path.read_bytes()
+    deny_writes(monkeypatch)
+    s = TuneStore(path)
+    with pytest.warns(JaxAutotuneStoreWarning, match="read-only") as record:
+        assert s.get(NS, "k", "c") == {"winner": "xla_dot"}
+        assert s.put(NS, "k2", "c", {"winner": "new"}) is False
+        assert s.put_many([(NS, "k3", "c", {})]) is False and s.delete() == 0
+        assert [e.key for e in s.entries(NS)] == ["k"]
+    assert len(store_warnings(record)) == 1
+    assert s.available and s.read_only and "read-only" in s.check(write=True) and s.check() == ""
+    s.close()
+    assert path.read_bytes() == before
+
+
+def test_claims_on_a_read_only_database_keep_it_readable(tmp_path, monkeypatch):
+    path = tmp_path / "default.db"
+    with TuneStore(path) as writer:
+        writer.put(NS, "k", "c", {"winner": "xla_dot"})
+    deny_writes(monkeypatch)
+    s = TuneStore(path)
+    with pytest.warns(JaxAutotuneStoreWarning, match="read-only"):
+        assert s.claim(NS, "missing", "c", "host:1:x", lease_seconds=5) == ("claimed", None)
+        assert s.put_if_absent(NS, "missing", "c", {"winner": "new"}) == ({"winner": "new"}, True)
+        assert s.get(NS, "k", "c") == {"winner": "xla_dot"}  # still read: not failed over to memory
+    assert s.available and s.read_only
+    s.close()
+
+
+def test_put_many_is_one_transaction_a_failure_midway_leaves_no_row(tmp_path):
+    path = tmp_path / "default.db"
+    with TuneStore(path) as s:
+        s.put(NS, "existing", "c", {"x": 0})
+    with sqlite3.connect(path) as conn:  # the 501st insert fails, as a kill or a full disk would
+        conn.execute("CREATE TRIGGER fail BEFORE INSERT ON entries WHEN NEW.key = 'k500' "
+                     "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    s = TuneStore(path)
+    rows = [(NS, f"k{i}", "c", {"i": i}) for i in range(1000)]
+    with pytest.warns(JaxAutotuneStoreWarning, match="disk full"):
+        assert s.put_many(rows) is False
+    s.close()
+    with TuneStore(path) as check:
+        assert [e.key for e in check.entries(NS)] == ["existing"]
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER fail")
+    with TuneStore(path) as s:
+        assert s.put_many(rows) is True and len(s.entries(NS)) == 1001
+
+
+def test_check_names_why_a_store_cannot_be_used_without_warning(tmp_path, recwarn):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 100)
+    assert "not a database" in TuneStore(garbage).check()
+    assert "cache = 0" in TuneStore(None).check()
+    assert TuneStore(tmp_path / "missing.db").check() == ""  # nothing stored yet: empty
+    assert store_warnings(recwarn) == []
+
+
+_SERVE_AS_NOBODY = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("always")
+    import jax, jax.numpy as jnp, numpy as np
+    import jax_autotune as jat
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 16)), jnp.float32)
+    stored = jax.jit(jat.matmul)(x, x)                  # tuned by the owner: in the store
+    before = jat.stats()
+    if sys.argv[1:] == ["owner"]:
+        sys.exit(0)
+    new = jax.jit(jat.matmul)(x[:, :12], x[:12, :8])   # a new key: tuned, kept in memory
+    np.testing.assert_allclose(stored, np.asarray(x) @ np.asarray(x), rtol=1e-5)
+    print(json.dumps({"before": before, "after": jat.stats()}))
+""")
+
+
+def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run the serving process as user nobody")
+    # a folder user nobody can traverse (pytest's tmp folders are private to root)
+    shared = Path(tempfile.mkdtemp(prefix="jax_autotune_ro_"))
+    try:
+        cache = shared / "cache"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_AUTOTUNE_CACHE_DIR": str(cache),
+               "JAX_AUTOTUNE_MODE": "tune", "JAX_AUTOTUNE_BUDGET_SECONDS": "2"}
+        owner = subprocess.run([sys.executable, "-P", "-c", _SERVE_AS_NOBODY, "owner"], env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert owner.returncode == 0, owner.stderr
+        database = cache / "default.db"
+        with TuneStore(database) as s:  # checkpoint the WAL: one file, as deployed
+            s.entries()
+        for leftover in cache.glob("default.db-*"):
+            leftover.unlink()
+        before = database.read_bytes()
+        database.chmod(0o444)
+        cache.chmod(0o555)
+        shared.chmod(0o755)
+        nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        served = subprocess.run([*nobody, sys.executable, "-P", "-c", _SERVE_AS_NOBODY],
+                                env={**env, "HOME": str(shared)}, capture_output=True, text=True,
+                                timeout=300, cwd=shared)
+        assert served.returncode == 0, served.stderr
+        counts = json.loads(served.stdout.strip().splitlines()[-1])
+        assert (counts["before"]["store_hits"], counts["before"]["tuned"]) == (1, 0)
+        assert counts["after"]["tuned"] == 1  # the new key, in memory
+        assert served.stderr.count("is read-only for this process") == 1
+        assert database.read_bytes() == before and sorted(p.name for p in cache.iterdir()) == ["default.db"]
+    finally:
+        for path in (shared, shared / "cache"):
+            if path.exists():
+                path.chmod(0o755)
+        shutil.rmtree(shared)

@@ -20,7 +20,7 @@ from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import TuneStore
 from jax_autotune.tables.install import load_table, read_table, table
-from jax_autotune.tables.table_file import (SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
+from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
                                             TuneTableWarning)
 from jax_autotune.tuners import current_tuners
 from jax_autotune.tuning.tuner import Tuner
@@ -330,3 +330,80 @@ def test_summary_rows_compare_the_winner_with_xla_and_the_roofline(store):
     assert row.outcomes == {"ok": 3}
     only_b = table(tuners=[tuner]).summary_rows(key=f"m={PROBLEM_B.key().m} ")
     assert [r.key for r in only_b] == [PROBLEM_B.key().canonical()]
+
+
+# ---------------------------------------------------------------- hostile tables
+
+def exported_json() -> dict:
+    return table(tuners=[tuned_tuner(TuneStore(None))]).to_json()
+
+
+def test_a_table_nested_100000_deep_is_a_tune_table_error():
+    with pytest.raises(TuneTableError, match="not a JSON tune table"):
+        TuneTable.loads("[" * 100_000 + "]" * 100_000)
+    deep = inner = {}
+    for _ in range(100_000):
+        inner["x"] = {}
+        inner = inner["x"]
+    data = exported_json()
+    data["devices"][CPU.fingerprint]["entries"][0]["bounds"] = deep
+    with pytest.raises(TuneTableError, match=r"entries\[0\]\.bounds\.x: expected a number"):
+        TuneTable.from_json(data)
+    data["devices"][CPU.fingerprint]["entries"][0]["bounds"] = {}
+    data["devices"][CPU.fingerprint]["entries"][0]["key"]["m"] = deep
+    with pytest.raises(TuneTableError, match="tune table"):  # never a RecursionError
+        TuneTable.from_json(data)
+
+
+def test_a_table_that_is_not_utf8_is_a_tune_table_error(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps(exported_json()).replace("xla_dot", "xla_d\u00f6t").encode("latin-1"))
+    with pytest.raises(TuneTableError, match="UnicodeDecodeError"):
+        TuneTable.load(path)
+
+
+@pytest.mark.parametrize("where", ["reason", "results.error", "winner", "key.lhs_dtype", "fingerprint"])
+def test_a_string_over_the_cap_is_refused_naming_the_field_and_the_cap(where):
+    data = exported_json()
+    huge = "x" * (LIMITS["characters per string"] + 1)
+    entry = data["devices"][CPU.fingerprint]["entries"][0]
+    if where == "reason":
+        entry["reason"] = huge
+    elif where == "results.error":
+        entry["results"][0]["error"] = huge
+    elif where == "winner":
+        entry["winner"] = huge
+    elif where == "key.lhs_dtype":
+        entry["key"]["lhs_dtype"] = huge
+    else:
+        data["devices"][huge] = data["devices"].pop(CPU.fingerprint)
+    with pytest.raises(TuneTableError, match="over the cap of 4,096 characters per string") as info:
+        TuneTable.from_json(data, origin="t.json")
+    assert len(str(info.value)) < 500  # the error never copies the string
+
+
+@pytest.mark.parametrize("limit, path", [("entries per device", ("entries",)),
+                                         ("results per entry", ("entries", 0, "results")),
+                                         ("candidates per device", ("candidates",))])
+def test_counts_over_their_caps_are_refused_naming_the_cap(monkeypatch, limit, path):
+    data = exported_json()
+    target = data["devices"][CPU.fingerprint]
+    for part in path:
+        target = target[part]
+    monkeypatch.setitem(LIMITS, limit, len(target) - 1)
+    with pytest.raises(TuneTableError, match=f"over the cap of {len(target) - 1:,} {limit}"):
+        TuneTable.from_json(data)
+
+
+def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_named(tmp_path):
+    tiny = fake_candidate("tiny_only")
+    tiny = dataclasses.replace(tiny, supports=lambda device, key: key.m <= 8)
+    tuner = make_tuner(TuneStore(tmp_path / "t.db"), extra=[(tiny, [("g", 1)])])
+    hostile = dataclasses.replace(tuned_decisions()[0], winner="tiny_only")
+    t = TuneTable({CPU.fingerprint: DeviceTable(tuner.checksum, tuner.candidate_set.names(), (hostile,))})
+    with pytest.warns(TuneTableWarning, match="1 whose kernel cannot run here") as record:
+        load_table(t, tuners=[tuner])
+    message = str(record[0].message)
+    assert "'tiny_only'" in message and PROBLEM_A.key().canonical() in message
+    assert tuner.lookup(PROBLEM_A.key()) is None and tuner.store.entries() == []
+    assert tuner.select(PROBLEM_A).winner == "fast"  # tuned again

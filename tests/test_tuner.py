@@ -1,5 +1,6 @@
 """The tuner's lookup order, modes, store checks and pending de-duplication."""
 
+import dataclasses
 import threading
 
 import jax
@@ -7,10 +8,15 @@ import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
 from jax_autotune import config
+from jax_autotune.config import ConfigError
 from jax_autotune.tuning import counters
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.decision import DecisionLogWarning
+from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.roofline import Peaks
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.rules import TuningRules
+from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore
 from jax_autotune.tuning.tuner import KeyNotTunedError, Tuner
 
 PROBLEM = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
@@ -81,7 +87,8 @@ def test_a_stored_winner_unknown_to_this_build_is_retuned(store):
     data = decision.to_json()
     data["winner"] = "renamed_kernel"
     store.put(tuner.namespace, decision.key.canonical(), tuner.checksum, data)
-    assert make_tuner(store).select(PROBLEM).source == "tuned"
+    with pytest.warns(JaxAutotuneStoreWarning, match="'renamed_kernel' is not a candidate"):
+        assert make_tuner(store).select(PROBLEM).source == "tuned"
 
 
 def test_mode_off_always_uses_xla_dot_without_tuning(store):
@@ -162,7 +169,6 @@ def test_install_rejects_a_decision_whose_winner_is_unknown(store):
     other = make_tuner(TuneStore(None))
     assert other.install(decision)
     assert other.select(PROBLEM).source == "memory"
-    import dataclasses
     assert not other.install(dataclasses.replace(decision, winner="nope"))
 
 
@@ -224,3 +230,143 @@ def test_the_baseline_compiles_during_the_probes_only_with_a_device_timer(store,
     assert decision.winner == "fast" and timer.prepared.count("xla_dot") == 1
     compiled, probed = timer.events.index(("prepare", "xla_dot")), timer.events.index(("probes done", ""))
     assert (compiled < probed) == device_time
+
+
+# ---------------------------------------------------------------- decisions that cannot run
+
+def with_tiny_only():
+    """A set whose 'tiny_only' kernel supports keys with m <= 8 only (PROBLEM has m = 16)."""
+    tiny = Candidate("tiny_only", fake_candidate("x").fn, supports=lambda device, key: key.m <= 8)
+    return two_candidates(extra=[(tiny, [("g", 1)])])
+
+
+def store_warnings(record):
+    return [w for w in record if issubclass(w.category, JaxAutotuneStoreWarning)]
+
+
+def hand_edit_winner(store, tuner, winner):
+    decision = tuner.select(PROBLEM)
+    data = decision.to_json()
+    data["winner"] = winner
+    store.put(tuner.namespace, decision.key.canonical(), tuner.checksum, data)
+
+
+def test_a_stored_winner_that_cannot_run_the_key_is_rejected_with_one_warning_and_retuned(store):
+    hand_edit_winner(store, make_tuner(store, with_tiny_only()), "tiny_only")
+    fresh = make_tuner(store, with_tiny_only())
+    with pytest.warns(JaxAutotuneStoreWarning) as record:
+        decision = fresh.select(PROBLEM)
+    [warning] = store_warnings(record)
+    assert "'tiny_only' cannot run key" in str(warning.message)
+    assert PROBLEM.key().canonical() in str(warning.message)
+    assert decision.source == "tuned" and decision.winner == "fast"
+    assert make_tuner(store, with_tiny_only()).select(PROBLEM).winner == "fast"  # the row was replaced
+
+
+@pytest.mark.parametrize("mode", ["cached", "require"])
+def test_under_cached_or_require_a_rejected_entry_runs_with_xla_dot_and_warns_once(store, recwarn, mode):
+    hand_edit_winner(store, make_tuner(store, with_tiny_only()), "tiny_only")
+    counters.reset_stats()
+    serving = make_tuner(store, with_tiny_only())
+    first, second = serving.select(PROBLEM, mode=mode), serving.select(PROBLEM, mode=mode)
+    assert first.winner == second.winner == "xla_dot" and first.source == "fallback"
+    assert "tiny_only" in first.reason and counters.stats()["tuned"] == 0
+    assert len(store_warnings(recwarn)) == 1
+    other = MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32")
+    if mode == "require":  # a key that is genuinely missing is still an error
+        with pytest.raises(KeyNotTunedError):
+            serving.select(other, mode=mode)
+
+
+def test_install_rejects_a_winner_that_cannot_run_the_key_and_require_then_uses_xla_dot(store):
+    tuner = make_tuner(store, with_tiny_only())
+    decision = tuner.select(PROBLEM)
+    serving = make_tuner(TuneStore(None), with_tiny_only())
+    result = serving.install_many([dataclasses.replace(decision, winner="tiny_only")])
+    assert result.installed == 0 and "'tiny_only' cannot run key" in result.rejected[0]
+    assert serving.lookup(PROBLEM.key()) is None
+    assert serving.select(PROBLEM, mode="require").winner == "xla_dot"
+    assert serving.install(decision)  # a usable one goes in
+    assert serving.select(PROBLEM, mode="require").winner == "fast"
+
+
+def test_install_many_writes_every_decision_in_one_transaction(store):
+    tuner = make_tuner(store)
+    decision = tuner.select(PROBLEM)
+    other = dataclasses.replace(decision, key=MatmulProblem(1, 64, 8, 12, "float32", "float32",
+                                                            "float32").key())
+    fresh_store = TuneStore(store.path.parent / "fresh.db")
+    calls = []
+    original = fresh_store.put_many
+    fresh_store.put_many = lambda rows: calls.append(list(rows)) or original(calls[-1])
+    result = make_tuner(fresh_store).install_many([decision, other])
+    assert (result.installed, result.persisted) == (2, True)
+    assert len(calls) == 1 and len(calls[0]) == 2
+    assert len(fresh_store.entries()) == 2
+
+
+# ---------------------------------------------------------------- candidates the key cannot use
+
+def test_candidates_the_device_cannot_run_are_never_compiled_and_recorded_as_skipped(store):
+    cset = two_candidates(extra=[(fake_candidate("unsupported", supported=False), [("g", 1)])])
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0], "unsupported": [0.1]},
+                      real_outputs=True)
+    decision = make_tuner(store, cset, timer).select(PROBLEM)
+    assert "unsupported" not in timer.prepared
+    result = decision.result("unsupported")
+    assert result.outcome == "skipped" and "cannot run this key" in result.error
+    assert decision.winner == "fast"
+
+
+def test_a_key_only_xla_dot_can_run_is_decided_without_benchmark_or_probes(store):
+    cset = candidate_set([("g", 1)], [(fake_candidate("float_only", supported=False), [("g", 1)])])
+    timer = FakeTimer({"xla_dot": [1.0], "float_only": [0.1]}, real_outputs=True)
+    probes = FakeProbes(AssertionError("the probes must not run"))
+    decision = make_tuner(store, cset, timer, probes).select(PROBLEM)
+    assert timer.prepared == [] and decision.winner == "xla_dot" and decision.source == "tuned"
+    assert decision.result("float_only").outcome == "skipped"
+    assert counters.stats()["candidate_compiles"] == 0 and store.entries() != []
+
+
+# ---------------------------------------------------------------- budget and logging
+
+def test_a_bad_budget_setting_is_a_config_error_from_select_not_a_silent_fallback(store, monkeypatch):
+    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", "abc")
+    tuner = make_tuner(store)
+    with pytest.raises(ConfigError, match="JAX_AUTOTUNE_BUDGET_SECONDS"):
+        tuner.select(PROBLEM)
+    assert store.entries() == [] and tuner.lookup(PROBLEM.key()) is None
+    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", "5")
+    assert tuner.select(PROBLEM).source == "tuned"  # nothing was left pending
+
+
+def test_a_budget_spent_before_any_timing_still_measures_xla_dot_and_skips_the_rest(store):
+    clock = FakeClock()
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0]}, real_outputs=True)
+    prepare = timer.prepare
+    timer.prepare = lambda *args: clock.advance(10.0) or prepare(*args)  # each compile: 10 s
+    tuner = Tuner(CPU, two_candidates(), jax_device=jax.devices("cpu")[0], timer=timer, store=store,
+                  clock=clock, probes=FakeProbes(), rules=TuningRules(budget_seconds=1e-6))
+    decision = tuner.select(PROBLEM)
+    assert decision.winner == "xla_dot" and decision.result("xla_dot").outcome == "ok"
+    assert {decision.result(n).outcome for n in ("fast", "slow")} == {"skipped"}
+    assert decision.source == "tuned"  # it rests on XLA's dot's measured time
+
+
+def test_a_tuning_that_measured_nothing_is_not_stored(store):
+    boom = RuntimeError("boom")
+    timer = FakeTimer({"xla_dot": [1.0]}, run_errors={"xla_dot": boom, "fast": boom, "slow": boom},
+                      real_outputs=True)
+    decision = make_tuner(store, timer=timer).select(PROBLEM)
+    assert decision.source == "fallback" and "no candidate produced a valid timing" in decision.reason
+    assert store.entries(decision_namespace(CPU.fingerprint)) == []
+
+
+def test_a_decision_log_that_cannot_be_written_warns_once_and_never_raises(store, tmp_path):
+    config.update("log_decisions", str(tmp_path / "missing-folder" / "decisions.jsonl"))
+    tuner = make_tuner(store)
+    with pytest.warns(DecisionLogWarning, match="missing-folder") as record:
+        assert tuner.select(PROBLEM).winner == "fast"
+        tuner.select(MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32"))
+    assert len([w for w in record if issubclass(w.category, DecisionLogWarning)]) == 1
+    assert not (tmp_path / "missing-folder").exists()

@@ -10,9 +10,11 @@ the rhs is stored transposed (n, k).
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import jax
+import jax.numpy as jnp
 
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.api import key_for
@@ -36,6 +38,25 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
     if min(batch, m, n, k) < 1:
         raise ValueError(f"shape {text!r}: sizes must be >= 1")
     return batch, m, n, k, bool(t)
+
+
+def shape_arg(text: str) -> str:
+    """An argparse ``type``: ``text`` if it is a shape (see ``parse_shape``), else a usage error."""
+    try:
+        parse_shape(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def dtype_arg(text: str) -> str:
+    """An argparse ``type``: the dtype's name (``'bf16'`` is not one, ``'bfloat16'`` is)."""
+    try:
+        return jnp.dtype(text).name
+    except TypeError:
+        raise argparse.ArgumentTypeError(
+            f"dtype {text!r}: expected a dtype name such as float32, float64, bfloat16, "
+            f"float16, float8_e4m3fn, int8") from None
 
 
 def key_of(text: str, dtype: str, level: str | None) -> MatmulKey:
@@ -79,8 +100,10 @@ def run(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("keys", help="print the tune keys of some shapes",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("shapes", nargs="+", help="S, MxNxK or BxMxNxK, with T for a transposed rhs")
-    parser.add_argument("--dtype", default="float32", help="element type (default float32)")
+    parser.add_argument("shapes", nargs="+", type=shape_arg,
+                        help="S, MxNxK or BxMxNxK, with T for a transposed rhs")
+    parser.add_argument("--dtype", default="float32", type=dtype_arg,
+                        help="element type (default float32)")
     parser.add_argument("--level", choices=[lv.value for lv in Level], default=None,
                         help="bucketing level (default: the configured level)")
     parser.add_argument("--all-fields", action="store_true", help="print every key field")

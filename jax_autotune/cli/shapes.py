@@ -2,8 +2,9 @@
 
     $ jax-autotune shapes 1024 768 1000 2048 [--dtype float32] [--cache-dir DIR]
 
-Runs the shapes in two fresh processes sharing one cache directory (emptied first):
-process 1 starts cold, process 2 warm. Per shape: the first call (random operands
+Runs the shapes in two fresh processes sharing one new, empty cache folder (made inside
+``--cache-dir`` when given, which is otherwise left alone): process 1 starts cold,
+process 2 warm. Per shape: the first call (random operands
 synced first; the time covers trace, tuning, compile and run), the next 20 calls' min
 and median, and the counters of that first call: keys tuned, candidate runs, probe
 launches, XLA compiles (candidates' included) and executables served by JAX's compilation
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.api import dot_general, matmul
-from jax_autotune.cli.keys import parse_shape
+from jax_autotune.cli.keys import dtype_arg, parse_shape, shape_arg
 from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
 
@@ -91,11 +91,23 @@ def format_rows(title: str, rows: list[dict]) -> list[str]:
     return lines
 
 
+def fresh_cache_dir(parent: str | None) -> str:
+    """A new, empty folder for the experiment's store: inside ``parent`` (created if
+    missing; nothing in it is touched) or in the system's temp folder.
+
+        >>> fresh_cache_dir("runs")
+        'runs/jax_autotune_shapes_k2x8'
+    """
+    if parent is not None:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix="jax_autotune_shapes_", dir=parent)
+
+
 def run_experiment(shapes: list[str], dtype: str, cache_dir: str) -> dict[str, list[dict]]:
-    """Empty ``cache_dir``, then run the shapes cold and warm in two fresh processes."""
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    os.makedirs(cache_dir, exist_ok=True)
+    """Run the shapes cold and warm in two fresh processes sharing the store in
+    ``cache_dir`` (pass an empty folder, e.g. ``fresh_cache_dir``: it is never emptied)."""
     env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=cache_dir, JAX_AUTOTUNE_CACHE="1",
+               JAX_AUTOTUNE_ENVIRONMENT="default",
                JAX_AUTOTUNE_MODE="tune")
     results = {}
     for name in ("cold", "warm"):
@@ -109,12 +121,16 @@ def run_experiment(shapes: list[str], dtype: str, cache_dir: str) -> dict[str, l
 
 
 def run(args) -> int:
-    for text in args.shapes:
-        parse_shape(text)  # a bad shape fails here, with its text
     if args.child:
         print(json.dumps(_measure_child(args.shapes, args.dtype)))
         return 0
-    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jax_autotune_shapes_")
+    try:
+        cache_dir = fresh_cache_dir(args.cache_dir)
+    except OSError as err:
+        print(f"jax-autotune: shapes: cannot make a folder in --cache-dir {args.cache_dir}: {err}",
+              file=sys.stderr)
+        return 1
+    print(f"database: {os.path.join(cache_dir, 'default.db')}", file=sys.stderr)
     results = run_experiment(args.shapes, args.dtype, cache_dir)
     lines = (format_rows("process 1: cold cache", results["cold"])
              + format_rows("process 2: warm cache", results["warm"]))
@@ -128,10 +144,13 @@ def run(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("shapes", help="the reference's cold/warm experiment",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("shapes", nargs="+", help="S, MxNxK or BxMxNxK (T: rhs transposed)")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("shapes", nargs="+", type=shape_arg,
+                        help="S, MxNxK or BxMxNxK (T: rhs transposed)")
+    parser.add_argument("--dtype", default="float32", type=dtype_arg,
+                        help="element type (default float32)")
     parser.add_argument("--cache-dir", default=None,
-                        help="cache directory to use (emptied first; default: a new temp dir)")
+                        help="folder in which a new, empty subfolder holds the experiment's "
+                             "store; nothing else in it is touched (default: a new temp folder)")
     parser.add_argument("--json", default=None, help="also write the measurements to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(func=run)

@@ -7,9 +7,11 @@
     $ jax-autotune clear [--device FP]                 # decisions only; probes stay
 
 KEY is an id or a compact key as ``show`` prints them, a canonical key string, or a
-unique substring of one. The
-commands read this process's tuners and the configured store (``JAX_AUTOTUNE_CACHE_DIR``,
-``JAX_AUTOTUNE_ENVIRONMENT``).
+unique substring of one. The commands read this process's tuners and the configured
+store (``JAX_AUTOTUNE_CACHE_DIR``, ``JAX_AUTOTUNE_ENVIRONMENT``); each first says which
+database on stderr (``database: PATH``). Exit status: 0 done, 1 the store cannot be
+read (show, explain, export) or written (import, clear), 2 a bad argument (an unknown
+key or device, an unreadable table file).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import datetime
 import sys
 
 import jax_autotune.config as config
-from jax_autotune.tables.install import clear_decisions, install_table, read_table, table
+from jax_autotune.tables.install import (clear_decisions, install_table, read_table, stored_devices,
+                                         table)
 from jax_autotune.tables.summary import SummaryRow, key_id
 from jax_autotune.tables.table_file import TuneTable, TuneTableError
 from jax_autotune.tuners import current_tuners
@@ -120,8 +123,28 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
 # ---------------------------------------------------------------- commands
 
 def _error(message: str) -> int:
+    """A bad argument: the reason on one line, exit status 2."""
     print(f"jax-autotune: {message}", file=sys.stderr)
     return 2
+
+
+def _store_error(message: str) -> int:
+    """The store cannot be used: the reason on one line, exit status 1."""
+    print(f"jax-autotune: {message}", file=sys.stderr)
+    return 1
+
+
+def _database(write: bool, create: bool = True) -> str:
+    """Say which database the command uses (stderr); '' when it can be read (``write``:
+    and written) now, else why not. A missing database reads as empty; ``create=False``:
+    a missing one is not created to be checked."""
+    store = current_tuners()[0].store  # the configured store, as the command will use it
+    print(f"database: {store.path or 'none (JAX_AUTOTUNE_CACHE=0: memory only)'}", file=sys.stderr)
+    if store.path is None:
+        return "the disk store is off (JAX_AUTOTUNE_CACHE=0): nothing would be kept" if write else ""
+    if not store.path.exists() and not (write and create):
+        return ""
+    return store.check(write=write)
 
 
 def _current_table() -> TuneTable:
@@ -129,6 +152,9 @@ def _current_table() -> TuneTable:
 
 
 def run_show(args) -> int:
+    problem = _database(write=False)
+    if problem:
+        return _store_error(f"show: {problem}")
     rows = _current_table().summary_rows(device=args.device, key=args.key)
     for line in show_lines(rows):
         print(line)
@@ -136,6 +162,9 @@ def run_show(args) -> int:
 
 
 def run_explain(args) -> int:
+    problem = _database(write=False)
+    if problem:
+        return _store_error(f"explain: {problem}")
     found = _current_table().find(args.key, device=args.device)
     if not found:
         return _error(f"explain: no decision matches key {args.key!r} "
@@ -153,25 +182,35 @@ def run_explain(args) -> int:
 
 
 def run_export(args) -> int:
+    problem = _database(write=False)
+    if problem:
+        return _store_error(f"export: {problem}")
     exported = _current_table()
     try:
         path = exported.save(args.path)
     except OSError as err:
-        return _error(f"export: cannot write {args.path}: {err}")
+        return _store_error(f"export: cannot write {args.path}: {err}")
     print(f"exported {len(exported)} decisions of {len(exported.devices)} device(s) to {path}")
     return 0
 
 
 def run_import(args) -> int:
+    problem = _database(write=True)
+    if problem:
+        return _store_error(f"import: {problem}")
     tuners = current_tuners()
     try:
         imported = read_table(args.path, tuners=tuners)
     except (OSError, TuneTableError) as err:
         return _error(f"import: {err}")
     installed = install_table(imported, tuners=tuners)
+    if not all(result.persisted for result in installed.values()):
+        stores = ", ".join(sorted({str(t.store.path) for t in tuners}))
+        return _store_error(f"import: nothing written: the tune store {stores} cannot be written "
+                            f"(see the warning above)")
     for device, section in imported.devices.items():
         if device in installed:
-            print(f"installed {installed[device]} decisions for {device}")
+            print(f"installed {installed[device].installed} decisions for {device}")
         else:
             print(f"kept {len(section.entries)} decisions for {device} (not this device: "
                   f"not installed)")
@@ -179,6 +218,14 @@ def run_import(args) -> int:
 
 
 def run_clear(args) -> int:
+    problem = _database(write=True, create=False)
+    if problem:
+        return _store_error(f"clear: {problem}")
+    if args.device is not None:
+        known = sorted(set(stored_devices()) | {t.device.fingerprint for t in current_tuners()})
+        if args.device not in known:
+            return _error(f"clear: --device {args.device!r} is not a device of this store or "
+                          f"process; known: {', '.join(known) or 'none'}")
     deleted = clear_decisions(args.device)
     what = f"of {args.device}" if args.device else "of every device"
     print(f"deleted {deleted} stored decisions {what} (throughput probes kept)")
@@ -192,30 +239,34 @@ def run_clear(args) -> int:
     return 0
 
 
+EXIT_STATUS = "exit status: 0 done, 1 the store cannot be used, 2 a bad argument"
+
+
 def register(subparsers) -> None:
-    show = subparsers.add_parser("show", help="list tuned decisions",
+    show = subparsers.add_parser("show", epilog=EXIT_STATUS, help="list tuned decisions",
                                  description="One line per decision: winner, its time, XLA's "
                                              "time, speedup, roofline fraction, samples, outcomes.")
     show.add_argument("--device", default=None, help="only this device fingerprint")
     show.add_argument("--key", default=None, help="only keys containing this text (or this id)")
     show.set_defaults(func=run_show)
 
-    explain = subparsers.add_parser("explain", help="every candidate of one decision")
+    explain = subparsers.add_parser("explain", epilog=EXIT_STATUS, help="every candidate of one decision")
     explain.add_argument("key", help="an id or key from `show`, a canonical key, or a unique "
                                               "substring of one")
     explain.add_argument("--device", default=None, help="only this device fingerprint")
     explain.set_defaults(func=run_explain)
 
-    export = subparsers.add_parser("export", help="write the tune table to a JSON file")
+    export = subparsers.add_parser("export", epilog=EXIT_STATUS, help="write the tune table to a JSON file")
     export.add_argument("path", help="output file, e.g. tune_table.json")
     export.set_defaults(func=run_export)
 
-    imported = subparsers.add_parser("import", help="load a JSON tune table into the store")
+    imported = subparsers.add_parser("import", epilog=EXIT_STATUS, help="load a JSON tune table into the store")
     imported.add_argument("path", help="a file written by `export` or TuneTable.save")
     imported.set_defaults(func=run_import)
 
-    clear = subparsers.add_parser("clear", help="delete stored decisions (probes stay)")
-    clear.add_argument("--device", default=None, help="only this device fingerprint")
+    clear = subparsers.add_parser("clear", epilog=EXIT_STATUS, help="delete stored decisions (probes stay)")
+    clear.add_argument("--device", default=None,
+                       help="only this device fingerprint (one the store knows, as show prints it)")
     clear.add_argument("--compilation-cache", action="store_true",
                        help="also delete the compiled executables kept beside the store")
     clear.set_defaults(func=run_clear)

@@ -26,7 +26,9 @@ from jax_autotune.tuners import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
 from jax_autotune.tuning.store import TuneStore, open_store
-from jax_autotune.tuning.tuner import Tuner
+from jax_autotune.tuning.tuner import Installed, Tuner
+
+_NAMED_REJECTIONS = 3  # rejected entries a warning names one by one
 
 
 def known_sets(tuners: Iterable[Tuner]) -> dict[str, CandidateSetInfo]:
@@ -128,34 +130,42 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
 
 
 def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = None,
-                  persist: bool = True) -> dict[str, int]:
+                  persist: bool = True) -> dict[str, Installed]:
     """Install the entries of every device that has a tuner in ``tuners`` (default:
-    ``current_tuners()``) into its memory table and (``persist``) its store; returns
-    {fingerprint: entries installed}. Entries of other devices are left alone.
+    ``current_tuners()``) into its memory table and (``persist``) its store, one
+    transaction per device; returns {fingerprint: Installed}. Entries of other devices are
+    left alone; an entry of another candidate set, or whose winner cannot run its key here,
+    is not installed (one ``TuneTableWarning`` names them).
 
         >>> install_table(TuneTable.load("tune_table.json"))
-        {'cpu-Intel-R--Xeon-R--x16-mem0': 12}
+        {'cpu-Intel-R--Xeon-R--x16-mem0-avx2': Installed(installed=12, rejected=(), persisted=True)}
     """
     tuners = current_tuners() if tuners is None else list(tuners)
-    installed: dict[str, int] = {}
-    refused = 0
+    installed: dict[str, Installed] = {}
+    other_set = 0
+    rejected: list[str] = []
     for tuner in tuners:
         fingerprint = tuner.device.fingerprint
         section = tune_table.devices.get(fingerprint)
         if section is None or fingerprint in installed:
             continue
-        count = 0
-        for decision in section.entries:
-            if section.checksum != tuner.checksum:
-                refused += 1
-            elif tuner.install(decision.with_source("table"), persist=persist):
-                count += 1
-            else:
-                refused += 1
-        installed[fingerprint] = count
-    if refused:
-        warnings.warn(f"jax_autotune: {refused} tune-table entr{'y' if refused == 1 else 'ies'} "
-                      f"not installed: a candidate-set checksum or winner unknown to this build.",
+        if section.checksum != tuner.checksum:
+            other_set += len(section.entries)
+            installed[fingerprint] = Installed(0, (), True)
+            continue
+        installed[fingerprint] = result = tuner.install_many(
+            (d.with_source("table") for d in section.entries), persist=persist)
+        rejected.extend(result.rejected)
+    if other_set or rejected:
+        total = other_set + len(rejected)
+        parts = [f"{other_set} of a candidate set this build does not have"] if other_set else []
+        if rejected:
+            named = "; ".join(rejected[:_NAMED_REJECTIONS])
+            more = f" and {len(rejected) - _NAMED_REJECTIONS} more" if len(rejected) > _NAMED_REJECTIONS else ""
+            parts.append(f"{len(rejected)} whose kernel cannot run here ({named}{more})")
+        warnings.warn(f"jax_autotune: {total} tune-table entr{'y' if total == 1 else 'ies'} not "
+                      f"installed: {', '.join(parts)}. Those keys are tuned on first use "
+                      f"(mode tune) or run with XLA's dot (cached, require).",
                       TuneTableWarning, stacklevel=2)
     return installed
 
@@ -181,6 +191,17 @@ def load_table(path_or_table: str | os.PathLike | TuneTable, install: bool = Tru
     if install:
         install_table(loaded, tuners=tuners)
     return loaded
+
+
+def stored_devices() -> list[str]:
+    """The device fingerprints with decisions (of any version) in the stores in use.
+
+        >>> stored_devices()
+        ['cpu-AMD-EPYC-x16-mem0-avx2']
+    """
+    with stores_in_use(built_tuners()) as stores:
+        namespaces = [DecisionNamespace.parse(ns) for store in stores for ns in store.namespaces()]
+    return sorted({ns.device for ns in namespaces if ns is not None})
 
 
 def clear_decisions(device: str | None = None) -> int:

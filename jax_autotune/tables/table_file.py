@@ -18,8 +18,10 @@ File format (``schema_version`` 1; JSON only, nothing is ever unpickled)::
                                    "candidates": ["xla_dot", ...],
                                    "entries": [<Decision.to_json()>, ...]}}}
 
-Loading validates: text that is not JSON, another schema or schema version, or a field
-of the wrong type raise ``TuneTableError`` naming the field. An entry this build cannot
+Loading validates: text that is not UTF-8 JSON (or nested too deep to parse), another
+schema or schema version, a field of the wrong type, or a table over its caps raise
+``TuneTableError`` naming the field; ``LIMITS`` caps what an untrusted table can carry
+(string length, counts, size). An entry this build cannot
 use is skipped, with ONE ``TuneTableWarning`` per load giving the count: its checksum
 differs from its device's, its winner is not among its device's candidates, or (for a
 device whose candidate set the reader passes in as ``known``) the device's checksum or
@@ -54,18 +56,14 @@ import jax
 from jax_autotune._version import __version__
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
-from jax_autotune.tuning.decision import OUTCOMES, Decision
+from jax_autotune.tables.validation import LIMITS, TuneTableError, cap, field, parse_entry
+from jax_autotune.tuning.decision import Decision
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "TuneTable",
+__all__ = ["LIMITS", "SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "TuneTable",
            "TuneTableError", "TuneTableWarning"]
 
 SCHEMA = "jax_autotune.tune_table"
 SCHEMA_VERSION = 1
-
-
-class TuneTableError(ValueError):
-    """A tune table that cannot be read: not JSON, another schema or version, or a field of
-    the wrong type. The message names the file (when known) and the field."""
 
 
 class TuneTableWarning(UserWarning):
@@ -262,108 +260,34 @@ class TuneTable:
         """
         path = Path(os.fspath(path))
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(LIMITS["bytes of text"] + 1)
         return cls.loads(raw, known=known, origin=str(path))
 
     @classmethod
     def loads(cls, text: str | bytes, *, known: Mapping[str, CandidateSetInfo] | None = None,
               origin: str = "tune table") -> "TuneTable":
         """Parse and validate JSON text; ``origin`` names the source in errors and warnings."""
+        cap(len(text), "bytes of text", origin, "")
         try:
             if isinstance(text, bytes):
                 text = text.decode("utf-8")
             data = json.loads(text)
-        except (UnicodeDecodeError, ValueError) as err:
-            raise TuneTableError(f"{origin}: not a JSON tune table ({err})") from None
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            raise TuneTableError(f"{origin}: not a JSON tune table in UTF-8 "
+                                 f"({type(err).__name__}: {str(err)[:200]})") from None
         return cls.from_json(data, known=known, origin=origin)
 
     @classmethod
     def from_json(cls, data: Any, *, known: Mapping[str, CandidateSetInfo] | None = None,
                   origin: str = "tune table") -> "TuneTable":
         """Validate a decoded JSON object (see the module docstring for the rules)."""
-        return _parse(data, known or {}, origin)
+        try:
+            return _parse(data, known or {}, origin)
+        except RecursionError:
+            raise TuneTableError(f"{origin}: nested too deep to be a tune table") from None
 
 
 # ---------------------------------------------------------------- validation
-
-_NUMBER = "number"
-
-
-def _type_name(expected) -> str:
-    names = {str: "a string", int: "an integer", bool: "a boolean", list: "a list",
-             dict: "an object", type(None): "null", _NUMBER: "a number"}
-    return " or ".join(names[t] for t in (expected if isinstance(expected, tuple) else (expected,)))
-
-
-def _matches(value: Any, expected) -> bool:
-    for kind in expected if isinstance(expected, tuple) else (expected,):
-        if kind is _NUMBER:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return True
-        elif kind in (int, float) and isinstance(value, bool):
-            continue
-        elif isinstance(value, kind):
-            return True
-    return False
-
-
-def _field(data: dict, name: str, expected, where: str, origin: str, *, required: bool = True):
-    if name not in data:
-        if required:
-            raise TuneTableError(f"{origin}: {where}{name}: missing (expected {_type_name(expected)})")
-        return None
-    value = data[name]
-    if not _matches(value, expected):
-        shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
-        raise TuneTableError(f"{origin}: {where}{name}: expected {_type_name(expected)}, got {shown}")
-    return value
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-_RESULT_FIELDS = {"name": (str, True), "outcome": (str, True), "round": (str, False),
-                  "samples": (list, False), "score": ((_NUMBER, type(None)), False),
-                  "pruned": (bool, False), "rel_error": ((_NUMBER, type(None)), False),
-                  "error": (str, False)}
-_ENTRY_FIELDS = {"key": (dict, True), "key_string": (str, False), "problem": (dict, True),
-                 "winner": (str, True), "results": (list, False),
-                 "bounds": ((dict, type(None)), False), "limit": ((_NUMBER, type(None)), False),
-                 "tuning_seconds": (_NUMBER, False), "timestamp": (_NUMBER, False),
-                 "device": (str, False), "checksum": (str, False), "source": (str, False),
-                 "reason": (str, False), "export_kernel": (str, False),
-                 "export_reason": (str, False)}
-
-
-def _parse_entry(data: Any, where: str, origin: str) -> Decision:
-    if not isinstance(data, dict):
-        raise TuneTableError(f"{origin}: {where.rstrip('.')}: expected an object, "
-                             f"got {type(data).__name__}")
-    for name, (expected, required) in _ENTRY_FIELDS.items():
-        _field(data, name, expected, where, origin, required=required)
-    for i, result in enumerate(data.get("results") or []):
-        at = f"{where}results[{i}]."
-        if not isinstance(result, dict):
-            raise TuneTableError(f"{origin}: {at.rstrip('.')}: expected an object, "
-                                 f"got {type(result).__name__}")
-        for name, (expected, required) in _RESULT_FIELDS.items():
-            _field(result, name, expected, at, origin, required=required)
-        if result["outcome"] not in OUTCOMES:
-            raise TuneTableError(f"{origin}: {at}outcome: expected one of {', '.join(OUTCOMES)}, "
-                                 f"got {result['outcome']!r}")
-        for j, sample in enumerate(result.get("samples") or []):
-            if not _matches(sample, _NUMBER):
-                raise TuneTableError(f"{origin}: {at}samples[{j}]: expected a number, got {sample!r}")
-    try:
-        return Decision.from_json(data)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise TuneTableError(f"{origin}: {where.rstrip('.')}: {err}") from None
-
 
 def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -> TuneTable:
     if not isinstance(data, dict):
@@ -371,13 +295,14 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
     schema = data.get("schema")
     if schema != SCHEMA:
         raise TuneTableError(f"{origin}: schema: expected {SCHEMA!r}, got {schema!r}")
-    version = _field(data, "schema_version", int, "", origin)
+    version = field(data, "schema_version", int, "", origin)
     if version != SCHEMA_VERSION:
         raise TuneTableError(f"{origin}: schema_version: this build reads version {SCHEMA_VERSION}, "
                              f"got {version} (upgrade jax_autotune to read it)")
-    header = {name: _field(data, name, str, "", origin)
+    header = {name: field(data, name, str, "", origin)
               for name in ("jax_autotune_version", "jax_version", "created")}
-    raw_devices = _field(data, "devices", dict, "", origin)
+    raw_devices = field(data, "devices", dict, "", origin)
+    cap(len(raw_devices), "devices", origin, "devices")
 
     skipped: Counter[str] = Counter()
     devices: dict[str, DeviceTable] = {}
@@ -386,17 +311,19 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
         if not isinstance(raw, dict):
             raise TuneTableError(f"{origin}: {where.rstrip('.')}: expected an object, "
                                  f"got {type(raw).__name__}")
-        checksum = _field(raw, "checksum", str, where, origin)
-        candidates = _field(raw, "candidates", list, where, origin)
+        checksum = field(raw, "checksum", str, where, origin)
+        candidates = field(raw, "candidates", list, where, origin)
+        cap(len(candidates), "candidates per device", origin, f"{where}candidates")
         for i, name in enumerate(candidates):
             if not isinstance(name, str):
                 raise TuneTableError(f"{origin}: {where}candidates[{i}]: expected a string, got {name!r}")
-        raw_entries = _field(raw, "entries", list, where, origin)
+        raw_entries = field(raw, "entries", list, where, origin)
+        cap(len(raw_entries), "entries per device", origin, f"{where}entries")
         this_build = known_sets.get(fingerprint)
         known = set(candidates) if this_build is None else set(candidates) & this_build.names
         kept: dict[MatmulKey, Decision] = {}
         for i, raw_entry in enumerate(raw_entries):
-            decision = _parse_entry(raw_entry, f"{where}entries[{i}].", origin)
+            decision = parse_entry(raw_entry, f"{where}entries[{i}].", origin)
             if (decision.checksum and decision.checksum != checksum) or (
                     this_build is not None and checksum != this_build.checksum):
                 skipped["a candidate-set checksum other than this build's"] += 1

@@ -16,7 +16,8 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
    is dropped (``pruned``), unless that would leave fewer than two measured survivors;
 5. short-circuit: the first candidate with 2 samples inside the roofline limit ends
    the whole tuning; candidates not yet sampled are ``skipped``;
-6. the per-key budget ends tuning with the best so far (the rest ``skipped``).
+6. the per-key budget ends tuning with the best so far (the rest ``skipped``); XLA's dot
+   is measured even past it, so every decision rests on a measurement.
 
 The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
 SCORE, the median of its kept samples; it replaces XLA's dot only when it is faster by
@@ -163,9 +164,11 @@ class KeyBenchmark:
             for c in stage:
                 self.compiles.result(c)
         for index, candidate in enumerate(stage):
-            if not self.finished and self.clock() > self.deadline:
+            # the budget never skips XLA's dot: every decision rests on at least its timing
+            measured_anyway = candidate.name == self._baseline and candidate.name not in self.results
+            if not self.finished and self.clock() > self.deadline and not measured_anyway:
                 self._finish("budget")
-            if self.finished:
+            if self.finished and not measured_anyway:
                 self._record(candidate.name, "skipped", label, error=self.finish_reason)
                 continue
             if index + ahead < len(stage):  # keep the compile window full

@@ -5,7 +5,9 @@ problems up to ``HOST_REFERENCE_MAX_MACS`` multiply-adds; else (and on accelerat
 ``SampledReference``, the float64 values at up to 4 x 64 x 64 entries of the output,
 edge rows and columns included. A sampled check also compares the whole output with
 XLA's dot once that one has passed, so no part of the output goes unchecked.
-The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes.
+The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes. Integer
+results are compared exactly, with the output dtype's wraparound (the int64 reference cast
+to it, as int8 x int8 -> int8 wraps); complex ones in complex128.
 
     >>> ref = reference(problem, lhs, rhs)
     >>> check(out, ref, problem)
@@ -38,26 +40,44 @@ _INPUT_TOLERANCE = {
 # rounding of the result alone
 _OUTPUT_TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
 _DEFAULT_FLOAT_TOLERANCE = 3e-2  # float8 and other narrow types
+_REAL_PART = {"complex64": "float32", "complex128": "float64"}  # complex: its parts' tolerance
 
 
 def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
-    """Allowed norm-wise relative error; 0 for integer results (exact).
+    """Allowed norm-wise relative error; 0 for integer results of integer inputs (exact).
 
     On the CPU, f32 at every precision is full fp32 (XLA:CPU has no TF32), so it gets
     the HIGHEST tolerance there.
     """
-    dtypes = (problem.lhs_dtype, problem.rhs_dtype)
-    if all(np.issubdtype(np.dtype(_np_name(d)), np.integer) for d in dtypes):
-        return 0.0
+    out = _REAL_PART.get(problem.out_dtype, problem.out_dtype)
+    by_output = 0.0 if _is(out, np.integer) else _OUTPUT_TOLERANCE.get(out, _DEFAULT_FLOAT_TOLERANCE)
+    if _integer(problem):
+        return by_output
     precision = Precision.HIGHEST if platform == "cpu" else problem.precision
-    by_input = max(_INPUT_TOLERANCE.get(d, {}).get(precision, _DEFAULT_FLOAT_TOLERANCE)
-                   for d in dtypes)
-    by_output = _OUTPUT_TOLERANCE.get(problem.out_dtype, _DEFAULT_FLOAT_TOLERANCE)
+    by_input = max(_INPUT_TOLERANCE.get(_REAL_PART.get(d, d), {}).get(precision, _DEFAULT_FLOAT_TOLERANCE)
+                   for d in (problem.lhs_dtype, problem.rhs_dtype))
     return max(by_input, by_output)
 
 
 def _np_name(dtype: str) -> str:
     return "float32" if dtype in ("bfloat16",) or dtype.startswith("float8") else dtype
+
+
+def _is(dtype: str, kind) -> bool:
+    return np.issubdtype(np.dtype(_np_name(dtype)), kind)
+
+
+def _integer(problem: MatmulProblem) -> bool:
+    return all(_is(d, np.integer) for d in (problem.lhs_dtype, problem.rhs_dtype))
+
+
+def _complex(problem: MatmulProblem) -> bool:
+    return any(_is(d, np.complexfloating) for d in (problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype))
+
+
+def _wide(problem: MatmulProblem):
+    """The exact host type of the problem's operands: int64, complex128 or float64."""
+    return np.int64 if _integer(problem) else np.complex128 if _complex(problem) else np.float64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +104,7 @@ class SampledReference:
     batches: np.ndarray
     rows: np.ndarray
     cols: np.ndarray
-    values: np.ndarray  # (len(batches), len(rows), len(cols)), float64 or int64
+    values: np.ndarray  # (len(batches), len(rows), len(cols)), float64, complex128 or int64
 
 
 def _sample(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -97,9 +117,9 @@ def _sample(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, cols=None):
-    """Host (batch, m, k) and (batch, k, n) copies in float64 (int64 for integers), of
-    the given batches, lhs rows and rhs columns only when those are given."""
-    wide = np.int64 if _integer(problem) else np.float64
+    """Host (batch, m, k) and (batch, k, n) copies in ``_wide(problem)``, of the given
+    batches, lhs rows and rhs columns only when those are given."""
+    wide = _wide(problem)
     a, b = as_numpy(lhs), as_numpy(rhs)
     if batches is not None:
         a, b = a[batches], b[batches]
@@ -110,21 +130,18 @@ def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, co
     return a.astype(wide), b.astype(wide)
 
 
-def _integer(problem: MatmulProblem) -> bool:
-    return all(np.issubdtype(np.dtype(_np_name(d)), np.integer)
-               for d in (problem.lhs_dtype, problem.rhs_dtype))
-
-
 def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERENCE_MAX_MACS, seed: int = 0):
-    """The exact result of the problem, computed on the host: a float64 (int64 for
-    integers) numpy array for problems up to ``host_max_macs`` multiply-adds, else a
+    """The exact result of the problem, computed on the host: a float64 (complex128 for
+    complex, int64 for integers, cast to an integer output dtype with its wraparound)
+    numpy array for problems up to ``host_max_macs`` multiply-adds, else a
     ``SampledReference`` (at most 4 x 64 x 64 entries). Accelerators pass
     ``host_max_macs=0``: no device compile, a few milliseconds on the host.
     """
     macs = problem.batch * problem.m * problem.n * problem.k
     if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
         a, b = _wide_operands(problem, lhs, rhs)
-        return np.matmul(a, b)
+        exact = np.matmul(a, b)
+        return exact.astype(problem.out_dtype) if _is(problem.out_dtype, np.integer) else exact
     rng = np.random.default_rng(seed)
     batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
     rows, cols = _sample(problem.m, SAMPLE_SIZE, rng), _sample(problem.n, SAMPLE_SIZE, rng)
@@ -135,10 +152,11 @@ def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERE
 def _device_summary(out, trusted, batches, rows, cols):
     """The sampled entries of ``out``, ||out - trusted||, ||trusted|| and whether all of
     ``out`` is finite, computed where ``out`` lives."""
-    wide = out.astype(jnp.float32)
+    dtype = jnp.complex64 if jnp.issubdtype(out.dtype, jnp.complexfloating) else jnp.float32
+    wide = out.astype(dtype)
     picked = wide[batches][:, rows][:, :, cols]
-    diff = wide - trusted.astype(jnp.float32)
-    return (picked, jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(trusted.astype(jnp.float32).ravel()),
+    diff = wide - trusted.astype(dtype)
+    return (picked, jnp.linalg.norm(diff.ravel()), jnp.linalg.norm(trusted.astype(dtype).ravel()),
             jnp.all(jnp.isfinite(wide)))
 
 
@@ -186,17 +204,20 @@ def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None)
             picked, diff, scale, finite = jax.device_get(summary(
                 out, out if trusted is None else trusted, ref.batches.astype(np.int32),
                 ref.rows.astype(np.int32), ref.cols.astype(np.int32)))
-        got, expected = np.asarray(picked, np.float64), ref.values
+        got, expected = np.asarray(picked, ref.values.dtype), ref.values
         finite = bool(finite)
         rel = _relative(float(np.linalg.norm((got - expected).ravel())),
-                        float(np.linalg.norm(expected.ravel().astype(np.float64))))
+                        float(np.linalg.norm(expected.ravel())))
         if trusted is not None:
             rel = max(rel, _relative(float(diff), float(scale)))
     else:
-        got = as_numpy(out).astype(ref.dtype)
-        finite = not np.issubdtype(got.dtype, np.floating) or bool(np.all(np.isfinite(got)))
-        rel = _relative(float(np.linalg.norm((got - ref).ravel().astype(np.float64))),
-                        float(np.linalg.norm(ref.ravel().astype(np.float64))))
+        # compared in complex128 or float64 (exact for integers below 2**53: no wraparound
+        # in the difference itself)
+        wide = np.complex128 if np.iscomplexobj(ref) or np.iscomplexobj(out) else np.float64
+        got, expected = as_numpy(out).astype(wide), ref.astype(wide)
+        finite = bool(np.all(np.isfinite(got)))
+        rel = _relative(float(np.linalg.norm((got - expected).ravel())),
+                        float(np.linalg.norm(expected.ravel())))
     if not finite:
         return Check(False, float("nan"), tol)
     return Check(rel <= tol, rel, tol)

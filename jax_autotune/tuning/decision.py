@@ -20,6 +20,7 @@ import json
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 from jax_autotune.key import MatmulKey
@@ -147,23 +148,38 @@ class Decision:
                    export_reason=str(data.get("export_reason") or ""))
 
 
+class DecisionLogWarning(UserWarning):
+    """The decision log (``JAX_AUTOTUNE_LOG_DECISIONS``) cannot be written; tuning goes on."""
+
+
 _log_lock = threading.Lock()
+_log_warned: set[str] = set()  # destinations already warned about
 
 
 def log_decision(decision: Decision, destination: str | None,
                  event: str = "jax_autotune.decision") -> None:
-    """Write the decision as one JSON line to ``stdout``, ``stderr`` or a file path.
+    """Write the decision as one JSON line (``event`` names it) to ``stdout``, ``stderr``
+    or a file path.
 
+    Best effort: a destination that cannot be written (a missing folder, no permission, a
+    closed stream) gives one ``DecisionLogWarning`` per destination, never an exception.
+
+        >>> log_decision(decision, "/tmp/decisions.jsonl")
         >>> log_decision(decision, "stderr", event="jax_autotune.export")
     """
     if destination is None:
         return
-    line = json.dumps({"event": event, **decision.to_json()}, sort_keys=True)
     with _log_lock:
-        if destination == "stdout":
-            print(line, file=sys.stdout, flush=True)
-        elif destination == "stderr":
-            print(line, file=sys.stderr, flush=True)
-        else:
-            with open(destination, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+        try:
+            line = json.dumps({"event": event, **decision.to_json()}, sort_keys=True)
+            if destination in ("stdout", "stderr"):
+                print(line, file=getattr(sys, destination), flush=True)
+            else:
+                with open(destination, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+        except Exception as err:  # noqa: BLE001 - logging must never break the user's matmul
+            if destination not in _log_warned:
+                _log_warned.add(destination)
+                warnings.warn(f"jax_autotune: cannot write the decision log {destination} "
+                              f"(JAX_AUTOTUNE_LOG_DECISIONS): {type(err).__name__}: {err}. "
+                              f"Decisions are not logged there.", DecisionLogWarning, stacklevel=2)

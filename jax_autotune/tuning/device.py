@@ -46,12 +46,19 @@ class DeviceInfo:
     features: frozenset[str] = frozenset()  # e.g. {"avx2", "avx512f"} or {"wgmma", "tma"}
     sm_count: int | None = None  # GPUs: multiprocessors, when the device reports them
     shared_memory_per_block: int | None = None  # GPUs: bytes, when the driver reports it
+    isa: str = ""  # CPUs: the native kernels' effective ISA ('' where they are not built)
 
     @property
     def fingerprint(self) -> str:
-        """Names platform, device kind and memory size; namespaces tables and probes."""
+        """Names platform, device kind, memory size and (CPUs) the native kernels' ISA;
+        namespaces tables and probes, so a decision for one ISA is never read under another.
+
+            >>> DeviceInfo("cpu", "AMD EPYC x2", isa="avx2").fingerprint
+            'cpu-AMD-EPYC-x2-mem0-avx2'
+        """
         kind = "".join(c if c.isalnum() else "-" for c in self.device_kind)
-        return f"{self.platform}-{kind}-mem{self.memory_bytes}"
+        isa = f"-{self.isa}" if self.isa else ""
+        return f"{self.platform}-{kind}-mem{self.memory_bytes}{isa}"
 
     @property
     def multiprocessors(self) -> int:
@@ -64,11 +71,12 @@ class DeviceInfo:
         return self.shared_memory_per_block or shared_memory_for_capability(self.compute_capability)
 
 
-def device_info(jax_device, cpu_features: frozenset[str] = frozenset()) -> DeviceInfo:
-    """Describe a jax device; ``cpu_features`` are what the native kernels may use here."""
+def device_info(jax_device, cpu_features: frozenset[str] = frozenset(), isa: str = "") -> DeviceInfo:
+    """Describe a jax device; ``cpu_features`` and ``isa`` are what the native kernels may
+    use here (``native.cpu_features()``, ``native.isa()``)."""
     platform = jax_device.platform
     if platform == "cpu":
-        return DeviceInfo("cpu", cpu_model(), 0, None, cpu_features)
+        return DeviceInfo("cpu", cpu_model(), 0, None, cpu_features, isa=isa)
     memory = 0
     try:
         memory = int((jax_device.memory_stats() or {}).get("bytes_limit", 0))

@@ -9,7 +9,9 @@ Rules (the reference's, plus two of ours, marked *):
    highest priority tier is the group's round; lower tiers are later rounds, tried
    only if no candidate of the round before produced a valid result.
 3. Candidates the device cannot run (``supports`` is False) are demoted to the minimum
-   priority: they form one last round, so the plan is never empty.
+   priority: they form one last round, so the plan is never empty. *That round is kept
+   for the record only: its candidates are never compiled (the tuner records them as
+   ``skipped``), since XLA's dot can always run the key.*
 4. *XLA's dot (candidate 0) is the baseline of every round: it is measured once and
    competes with each round's candidates, so the tuned matmul is never slower than
    plain XLA.* A round counts as successful when one of its own candidates is valid.
@@ -45,6 +47,16 @@ class Round:
 class Plan:
     baseline: Candidate
     rounds: tuple[Round, ...]
+
+    @property
+    def runnable(self) -> tuple[Round, ...]:
+        """The rounds to benchmark: every round but the demoted one."""
+        return tuple(r for r in self.rounds if r.group != DEMOTED)
+
+    @property
+    def unsupported(self) -> tuple[Candidate, ...]:
+        """The demoted candidates: the device cannot run them for this key."""
+        return tuple(c for r in self.rounds if r.group == DEMOTED for c in r.candidates)
 
 
 def make_plan(candidate_set: CandidateSet, key: MatmulKey, device: DeviceInfo) -> Plan:

@@ -33,6 +33,11 @@ written (read-only directory, a file that is not a database, a full disk ...), i
 a memory-only store (reads miss, writes are dropped; the tuner's in-memory table keeps the
 decisions). A row whose value is not a JSON object is skipped, with one warning per store.
 
+A database this process may not write (a shared or deployed cache: the file or its folder
+is read-only) is opened read-only, with one warning: its rows are read, writes are
+dropped (the tuner keeps new decisions in its memory table). ``put_many`` writes many
+rows in one transaction: all of them or none.
+
     >>> import pathlib, tempfile
     >>> from jax_autotune.tuning.store import TuneStore
     >>> store = TuneStore(pathlib.Path(tempfile.mkdtemp()) / "default.db")
@@ -45,6 +50,7 @@ decisions). A row whose value is not a JSON object is skipped, with one warning 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -53,7 +59,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import jax_autotune.config as config
 
@@ -135,6 +141,8 @@ class TuneStore:
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
         self._failed = False
+        self._error = ""  # why the store failed, once it did
+        self._read_only = False
         self._warned_failure = False
         self._warned_bad_row = False
 
@@ -150,26 +158,70 @@ class TuneStore:
         """Whether the disk is in use: False for a memory-only store or after a failure."""
         return self._path is not None and not self._failed
 
+    @property
+    def read_only(self) -> bool:
+        """True once the database was opened read-only (writes are dropped)."""
+        return self._read_only
+
+    def check(self, write: bool = False) -> str:
+        """'' when the database can be read now (``write``: and written; this creates the
+        file), else why not, in one line, without the failure warning (the caller reports
+        it). A missing file reads as empty.
+
+            >>> TuneStore("/proc/x/default.db").check(write=True)
+            'cannot use /proc/x/default.db: FileNotFoundError: ...'
+        """
+        if self._path is None:
+            return "the disk store is off (cache = 0)"
+        with self._lock:
+            if not self._failed:
+                try:
+                    self._connection(create=write)
+                except _DISK_ERRORS as err:
+                    self._fail(err, warn=False)
+            if self._failed:
+                return f"cannot use {self._path}: {self._error}"
+            if write and self._read_only:
+                return f"cannot write {self._path}: it is read-only for this process"
+        return ""
+
     def __repr__(self) -> str:
-        state = "memory-only" if not self.available else "on disk"
+        state = ("memory-only" if not self.available else "read-only" if self._read_only
+                 else "on disk")
         return f"TuneStore({str(self._path) if self._path else None!r}, {state})"
 
     # -- connection handling ------------------------------------------------------------
 
     def _connection(self, create: bool) -> sqlite3.Connection | None:
         """The open connection; None if the store is memory-only or (for a read,
-        ``create=False``) the file does not exist yet. Raises a disk error on failure.
-        Call with the lock held."""
+        ``create=False``) the file does not exist yet. A file this process cannot write is
+        opened read-only. Raises a disk error on failure. Call with the lock held."""
         if self._path is None or self._failed:
             return None
         if self._conn is not None and self._pid != os.getpid():
             self._conn = None  # inherited across fork: never use (or close) the parent's
         if self._conn is not None:
             return self._conn
-        if not create and not self._path.exists():
+        exists = self._path.exists()
+        if not create and not exists:
             return None
-        if create:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+        if exists and not (os.access(self._path, os.W_OK) and os.access(self._path.parent, os.W_OK)):
+            conn = self._open_read_only()
+        else:
+            try:
+                conn = self._open_read_write()
+            except _DISK_ERRORS as err:
+                if not exists:
+                    raise
+                try:  # e.g. a read-only mount or folder that os.access does not reveal
+                    conn = self._open_read_only()
+                except _DISK_ERRORS:
+                    raise err from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _open_read_write(self) -> sqlite3.Connection:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
                                check_same_thread=False)
         try:
@@ -179,8 +231,31 @@ class TuneStore:
         except BaseException:
             conn.close()
             raise
-        self._conn, self._pid = conn, os.getpid()
         return conn
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A read-only connection, warning once. A WAL database whose folder this process
+        cannot write has no shared-memory file to open read-only: it is then opened
+        ``immutable`` (no locking), which only a deployed, unchanging file can be."""
+        uri = self._path.resolve().as_uri()
+        error: BaseException | None = None
+        for options in ("mode=ro", "mode=ro&immutable=1"):
+            conn = sqlite3.connect(f"{uri}?{options}", uri=True, timeout=BUSY_TIMEOUT_SECONDS,
+                                   isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("SELECT 1 FROM entries LIMIT 1").fetchall()
+            except _DISK_ERRORS as err:
+                conn.close()
+                error = err
+                continue
+            if not self._read_only:
+                self._read_only = True
+                warnings.warn(f"jax_autotune: the tune store database {self._path} is read-only "
+                              f"for this process: its decisions are used, new ones stay in "
+                              f"memory (they are tuned again by the next process).",
+                              JaxAutotuneStoreWarning, stacklevel=5)
+            return conn
+        raise error
 
     @staticmethod
     def _retry_locked(step, attempts: int = 50) -> Any:
@@ -194,9 +269,9 @@ class TuneStore:
                     raise
                 time.sleep(0.01 * (attempt + 1))
 
-    def _fail(self, err: BaseException) -> None:
+    def _fail(self, err: BaseException, warn: bool = True) -> None:
         """Fall back to memory-only, warning once. Call with the lock held."""
-        self._failed = True
+        self._failed, self._error = True, f"{type(err).__name__}: {err}"
         if self._conn is not None:
             try:
                 if self._pid == os.getpid():
@@ -204,7 +279,7 @@ class TuneStore:
             except _DISK_ERRORS:
                 pass
             self._conn = None
-        if not self._warned_failure:
+        if warn and not self._warned_failure:
             self._warned_failure = True
             warnings.warn(f"jax_autotune: cannot use the tune store database {self._path}: "
                           f"{type(err).__name__}: {err}. Tuning decisions stay in memory for "
@@ -219,7 +294,7 @@ class TuneStore:
             if not isinstance(value, dict):
                 raise ValueError(f"expected a JSON object, got {type(value).__name__}")
             return value
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RecursionError) as err:
             if not self._warned_bad_row:
                 self._warned_bad_row = True
                 warnings.warn(f"jax_autotune: skipping a bad row in the tune store database "
@@ -251,26 +326,45 @@ class TuneStore:
                 return None
             return self._decode(namespace, key, checksum, row[0])
 
-    def put(self, namespace: str, key: str, checksum: str, value: dict) -> None:
+    def put(self, namespace: str, key: str, checksum: str, value: dict) -> bool:
         """Store ``value`` (a JSON-serializable dict) under (namespace, key, checksum),
-        replacing any earlier value. Raises TypeError/ValueError only for a value that is not
-        a JSON-serializable dict (a caller bug, also checked when memory-only).
+        replacing any earlier value; False when it was not written (see ``put_many``).
 
             >>> store.put("throughput/0.1.0/cpu", "peaks", "v1", {"flops": 1e12})  # doctest: +SKIP
+            True
         """
-        if not isinstance(value, dict):
-            raise TypeError(f"value: expected a dict, got {type(value).__name__}")
-        text = json.dumps(value, sort_keys=True)
+        return self.put_many([(namespace, key, checksum, value)])
+
+    def put_many(self, rows: Iterable[tuple[str, str, str, dict]]) -> bool:
+        """Store (namespace, key, checksum, value) rows in ONE transaction: a process killed
+        midway leaves none of them. False when nothing was written (memory-only, read-only,
+        or a disk error, which warns once). Raises TypeError/ValueError only for a value
+        that is not a JSON-serializable dict (a caller bug, also checked when memory-only).
+
+            >>> store.put_many([(ns, "k1", "c1", {"winner": "xla_dot"}), (ns, "k2", "c1", {...})])
+            True
+        """
+        now = time.time()
+        encoded = [(namespace, key, checksum, _encode(value), now)
+                   for namespace, key, checksum, value in rows]
         with self._lock:
             try:
                 conn = self._connection(create=True)
-                if conn is None:
-                    return
-                conn.execute("INSERT OR REPLACE INTO entries (namespace, key, checksum, value, "
-                             "updated) VALUES (?, ?, ?, ?, ?)",
-                             (namespace, key, checksum, text, time.time()))
+                if conn is None or self._read_only:
+                    return False
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany("INSERT OR REPLACE INTO entries (namespace, key, checksum, "
+                                     "value, updated) VALUES (?, ?, ?, ?, ?)", encoded)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(*_DISK_ERRORS):
+                        conn.execute("ROLLBACK")
+                    raise
             except _DISK_ERRORS as err:
                 self._fail(err)
+                return False
+        return True
 
     def put_if_absent(self, namespace: str, key: str, checksum: str, value: dict,
                       keep: Callable[[dict], bool] = lambda value: True) -> tuple[dict, bool]:
@@ -345,11 +439,12 @@ class TuneStore:
 
     def _transaction(self, body):
         """``body(conn)`` inside BEGIN IMMEDIATE ... COMMIT (the write lock taken up front, so
-        two processes never deadlock upgrading a read); None when memory-only or failed."""
+        two processes never deadlock upgrading a read); None when memory-only, read-only or
+        failed."""
         with self._lock:
             try:
                 conn = self._connection(create=True)
-                if conn is None:
+                if conn is None or self._read_only:
                     return None
                 self._retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"))
                 try:
@@ -374,7 +469,7 @@ class TuneStore:
         with self._lock:
             try:
                 conn = self._connection(create=False)
-                if conn is None:
+                if conn is None or self._read_only:
                     return 0
                 return conn.execute("DELETE FROM entries" + where, params).rowcount
             except _DISK_ERRORS as err:
@@ -440,6 +535,12 @@ class TuneStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _encode(value: dict) -> str:
+    if not isinstance(value, dict):
+        raise TypeError(f"value: expected a dict, got {type(value).__name__}")
+    return json.dumps(value, sort_keys=True)
 
 
 def open_store() -> TuneStore:

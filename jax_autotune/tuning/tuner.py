@@ -3,14 +3,22 @@
 ``Tuner.select(problem, key)`` looks up, in order:
 
 1. the memory table (``memory_hits``);
-2. the persistent store, under (canonical key, candidate-set checksum); an entry whose
-   winner this build does not know is ignored (``store_hits``);
+2. the persistent store, under (canonical key, candidate-set checksum) (``store_hits``);
 3. by mode: ``off`` -> XLA's dot; ``cached`` -> XLA's dot (nothing is tuned);
-   ``require`` -> ``KeyNotTunedError``; ``tune`` -> benchmark now (``tuned``), store the
-   decision in memory and on disk, and log it.
+   ``require`` -> ``KeyNotTunedError``; ``tune`` -> decided once (``tuning.consensus``):
+   benchmarked now (``tuned``) by the one process that claims the key in the shared store
+   or the jax.distributed job, adopted by the others; kept in memory and on disk, logged.
+
+A decision enters only if its winner can run the key here (``Tuner.unusable``): a stored
+entry or an installed table entry whose winner is unknown to this build, or whose
+``supports`` says no for this device and key, is rejected with one warning naming the
+key and the candidate; the key is then tuned again, or (``cached``, ``require``) runs
+with XLA's dot: the key is in the table, so ``require`` does not raise for it.
 
 A key being tuned is pending: another thread asking for it waits for that decision.
-Errors never escape tuning: if anything fails, the decision is XLA's dot with the reason.
+Errors never escape tuning: if anything fails, the decision is XLA's dot with the reason
+(a bad setting, e.g. ``budget_seconds``, is the user's: its ``ConfigError`` propagates).
+A tuning that measured nothing valid is a fallback, kept in memory only.
 
     >>> tuner = jax_autotune.tuners.tuner_for("cpu")      # the registry builds tuners
     >>> decision = tuner.select(problem)
@@ -26,7 +34,7 @@ import functools
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import Callable, Iterable
 
 import jax
 
@@ -41,12 +49,12 @@ from jax_autotune.tuning.consensus import (JaxAutotuneConsensusWarning, current_
 from jax_autotune.tuning.correctness import prepare_check, reference
 from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.tuning.plan import make_plan
+from jax_autotune.tuning.plan import DEMOTED, make_plan
 from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.namespaces import decision_namespace
-from jax_autotune.tuning.store import TuneStore, open_store
+from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore, open_store
 from jax_autotune.tuning.timing import Timer, random_operands, timer_for
 
 class PhaseClock:
@@ -98,6 +106,21 @@ def _record(decision: Decision) -> Decision:
     return decision
 
 
+@dataclasses.dataclass(frozen=True)
+class Installed:
+    """What ``Tuner.install_many`` did: decisions installed, why others were rejected, and
+    whether the store took them (False: they live in memory only)."""
+
+    installed: int
+    rejected: tuple[str, ...]
+    persisted: bool
+
+
+def _instead(mode: str | None) -> str:
+    """What a rejected decision is replaced with under ``mode``."""
+    return "the key is tuned again" if mode == "tune" else "XLA's dot runs it"
+
+
 class Tuner:
     """Decisions for one device: memory table, store, plan, benchmark."""
 
@@ -118,6 +141,7 @@ class Tuner:
         self.checksum = candidate_set.checksum()
         self._memory: dict[MatmulKey, Decision] = {}
         self._pending: dict[MatmulKey, threading.Event] = {}
+        self._rejected: dict[MatmulKey, str] = {}  # keys whose table or store entry was rejected: why
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- lookups
@@ -125,24 +149,60 @@ class Tuner:
         return self.candidate_set.by_name(name)
 
     def lookup(self, key: MatmulKey) -> Decision | None:
-        """Memory, then store; None on a miss (no tuning, no counters)."""
+        """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
         with self._lock:
             if key in self._memory:
                 return self._memory[key]
-        return self._from_store(key)
+            return self._from_store(key)[0]
 
-    def _from_store(self, key: MatmulKey) -> Decision | None:
+    def unusable(self, decision: Decision, key: MatmulKey | None = None) -> str:
+        """Why ``decision``'s winner cannot run ``key`` (default: the decision's) here, or
+        '' when it can: the winner is not in this candidate set, or its ``supports`` says
+        no for this device and key (a hand-edited row, another machine's table).
+
+            >>> tuner.unusable(dataclasses.replace(decision, winner="native_small_avx2_t1"))
+            "winner 'native_small_avx2_t1' cannot run key [m=512 ...] on cpu-...-avx2"
+        """
+        key = key or decision.key
+        try:
+            candidate = self.candidate(decision.winner)
+        except KeyError:
+            return f"winner {decision.winner!r} is not a candidate of this build (key [{key.canonical()}])"
+        try:
+            supported = bool(candidate.supports(self.device, key))
+        except Exception:  # noqa: BLE001 - a supports rule that fails means: not supported
+            supported = False
+        if supported:
+            return ""
+        return f"winner {decision.winner!r} cannot run key [{key.canonical()}] on {self.device.fingerprint}"
+
+    def _from_store(self, key: MatmulKey, mode: str | None = None) -> tuple[Decision | None, str]:
+        """(the stored decision, '') or (None, why the stored entry was rejected: '' for a
+        plain miss). A rejected entry warns once per key."""
         data = self.store.get(self.namespace, key.canonical(), self.checksum)
-        return None if data is None else self._usable(data)
-
-    def _usable(self, data: dict) -> Decision | None:
-        """A stored value as a decision this build can run, else None (re-tune)."""
+        if data is None:
+            return None, ""
         try:
             decision = Decision.from_json(data)
-            self.candidate(decision.winner)
-        except (ValueError, KeyError, TypeError):
-            return None  # unknown winner or damaged value
-        return decision.with_source("store")
+        except Exception:  # noqa: BLE001 - a damaged value is a miss: re-tune
+            return None, ""
+        reason = self.unusable(decision, key)
+        if reason:
+            if key not in self._rejected:
+                self._rejected[key] = reason
+                warnings.warn(f"jax_autotune: ignoring the stored decision of {self.store.path}: "
+                              f"{reason}; {_instead(mode or config.get('mode'))}", JaxAutotuneStoreWarning,
+                              stacklevel=4)
+            return None, reason
+        return decision.with_source("store"), ""
+
+    def _usable(self, data: dict, key: MatmulKey) -> bool:
+        """Whether a stored value is a decision this build can run for ``key`` (a stored
+        value that is not is tuned again and replaced)."""
+        try:
+            return not self.unusable(Decision.from_json(data), key)
+        except Exception:  # noqa: BLE001 - a damaged value
+            return False
 
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
                mode: str | None = None) -> Decision:
@@ -174,23 +234,29 @@ class Tuner:
     def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> tuple[Decision, bool]:
         """A key missing from memory: the store's decision, or one made now, once per
         host (claims in the store) or per job (``tuning.consensus``); and whether to keep
-        it in memory (not XLA's dot of mode cached alone: a table loaded later serves it)."""
-        stored, job = self._from_store(key), current_job()
-        if stored is None and mode == "require":
-            raise KeyNotTunedError(_require_message(key, problem))
+        it in memory (not XLA's dot standing in under cached or require: a table loaded
+        later serves the key)."""
+        stored, rejected = self._from_store(key, mode)
+        rejected = rejected or self._rejected.get(key, "")
+        job = current_job()
         if job is None and stored is not None:
             counters.bump("store_hits")
             return stored, True
+        if stored is None and mode in ("cached", "require") and rejected:
+            # the key is in the table, but its kernel cannot run here
+            return self._fallback(key, problem, f"mode {mode}: entry rejected: {rejected}"), False
+        if stored is None and mode == "require":
+            raise KeyNotTunedError(_require_message(key, problem))
         if job is None and mode == "cached":
             return self._fallback(key, problem, "mode cached: key not in the table"), False
         rules = self.rules or DEFAULT_RULES
         wait = rules.peer_wait(rules.budget_seconds or config.get("budget_seconds"))
         fallback = functools.partial(self._fallback, key, problem)
         tune = functools.partial(self._tune, key, problem)
+        usable = functools.partial(self._usable, key=key)
         if job is None:
             decision, how = decide_on_host(self.store, self.namespace, key.canonical(), self.checksum,
-                                           tune, fallback, rules.claim_lease_seconds, wait,
-                                           usable=lambda data: self._usable(data) is not None)
+                                           tune, fallback, rules.claim_lease_seconds, wait, usable=usable)
         else:
             propose = (lambda: stored) if stored is not None else (
                 (lambda: fallback("mode cached: key not in the table")) if mode == "cached" else tune)
@@ -207,7 +273,7 @@ class Tuner:
             if stored is None and decision.source in ("tuned", "adopted"):
                 self.store.put_if_absent(self.namespace, key.canonical(), self.checksum,
                                          dataclasses.replace(decision, device=self.device.fingerprint).to_json(),
-                                         keep=lambda data: self._usable(data) is not None)
+                                         keep=usable)
         if how == "stored":
             counters.bump("store_hits")
             return decision.with_source("store"), True
@@ -225,20 +291,33 @@ class Tuner:
         return self._tune(key or problem.key(config.get("level")), problem)
 
     def install(self, decision: Decision, persist: bool = True) -> bool:
-        """Put a decision (e.g. from a tune table) into memory and the store.
+        """``install_many([decision])``; False if the decision was rejected."""
+        return not self.install_many([decision], persist=persist).rejected
 
-        False if its winner is unknown to this candidate set.
+    def install_many(self, decisions: Iterable[Decision], persist: bool = True) -> Installed:
+        """Put decisions (e.g. a tune table's) into memory and (``persist``) the store, all
+        in one transaction. A decision whose winner cannot run its key here is rejected:
+        ``Installed.rejected`` says why, naming the key and the candidate.
+
+            >>> tuner.install_many(table_entries)
+            Installed(installed=120, rejected=(), persisted=True)
         """
-        try:
-            self.candidate(decision.winner)
-        except KeyError:
-            return False
-        decision = dataclasses.replace(decision, checksum=self.checksum, device=self.device.fingerprint)
+        accepted, rejected = [], {}
+        for decision in decisions:
+            reason = self.unusable(decision)
+            if reason:
+                rejected[decision.key] = reason
+                continue
+            accepted.append(dataclasses.replace(decision, checksum=self.checksum,
+                                                device=self.device.fingerprint))
         with self._lock:
-            self._memory[decision.key] = decision
-        if persist:
-            self.store.put(self.namespace, decision.key.canonical(), self.checksum, decision.to_json())
-        return True
+            self._rejected.update(rejected)
+            for decision in accepted:
+                self._memory[decision.key] = decision
+                self._rejected.pop(decision.key, None)
+        persisted = not persist or not accepted or self.store.put_many(
+            (self.namespace, d.key.canonical(), self.checksum, d.to_json()) for d in accepted)
+        return Installed(len(accepted), tuple(rejected.values()), persisted)
 
     def decisions(self) -> list[Decision]:
         """Every decision this tuner knows: memory, then the store's for this device."""
@@ -260,9 +339,10 @@ class Tuner:
         old.close()
 
     def forget(self) -> None:
-        """Drop the memory table (the store is untouched)."""
+        """Drop the memory table and the rejected keys (the store is untouched)."""
         with self._lock:
             self._memory.clear()
+            self._rejected.clear()
 
     # ---------------------------------------------------------------- tuning
     def _fallback(self, key: MatmulKey, problem: MatmulProblem, reason: str) -> Decision:
@@ -276,13 +356,19 @@ class Tuner:
         plan = make_plan(self.candidate_set, key, self.device)
         fields = dict(key=key, problem=problem, device=self.device.fingerprint,
                       checksum=self.checksum, source="tuned")
-        if not plan.rounds:  # nothing to compare: XLA's dot, without a benchmark
-            return Decision(winner=plan.baseline.name, reason="no other candidate for this key",
-                            **fields)
+        # the device cannot run these for this key: recorded, never compiled
+        unsupported = {c.name: CandidateResult(c.name, "skipped", round=DEMOTED,
+                                               error="cannot run this key on this device")
+                       for c in plan.unsupported}
+        if not plan.runnable:  # nothing to compare: XLA's dot, without a benchmark or probes
+            return Decision(winner=plan.baseline.name, results=tuple(unsupported.values()),
+                            reason="no other candidate can run this key", **fields)
+        rules = self.rules or DEFAULT_RULES
+        budget = rules.budget_seconds or config.get("budget_seconds")  # a bad setting raises
         counters.bump("tuned")
         try:
             with jax.transfer_guard("allow"):
-                return self._benchmark(plan, problem, started, fields)
+                return self._benchmark(plan, problem, started, fields, budget, unsupported)
         except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
             counters.bump("fallbacks")
             return Decision(**{**fields, "source": "fallback"}, winner=plan.baseline.name,
@@ -291,9 +377,9 @@ class Tuner:
         finally:
             counters.bump("tuning_seconds", self.clock() - started)
 
-    def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict) -> Decision:
+    def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict,
+                   budget: float, unsupported: dict[str, CandidateResult]) -> Decision:
         rules = self.rules or DEFAULT_RULES
-        budget = rules.budget_seconds or config.get("budget_seconds")
         phases = PhaseClock(time.perf_counter)
         with phases("operands"):
             inputs = random_operands(problem, self._jax_device())
@@ -318,27 +404,29 @@ class Tuner:
                                  clock=self.clock, budget_seconds=budget, platform=self.device.platform,
                                  compiles=compiles)
             with phases("rounds"):
-                for round_ in plan.rounds:
+                for round_ in plan.runnable:
                     if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
                         break
         finally:
             side.shutdown(wait=True)
             compiles.close()
-        planned = {c.name for r in plan.rounds for c in r.candidates}
+        planned = {c.name for r in plan.runnable for c in r.candidates}
         for name in sorted(planned - set(bench.results)):
             bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
+        results = tuple({**bench.results, **unsupported}.values())
+        details = dict(results=results, bounds={**bounds.to_json(), "phase_seconds": phases.seconds},
+                       limit=bounds.limit, tuning_seconds=self.clock() - started)
         winner = bench.winner(baseline=plan.baseline.name)
-        reason = ""
-        if winner is None:
-            winner, reason = plan.baseline.name, "no candidate produced a valid timing"
+        if winner is None:  # nothing was measured: not a decision to keep (the next process re-tunes)
             counters.bump("fallbacks")
-        return Decision(winner=winner, results=tuple(bench.results.values()),
-                        bounds={**bounds.to_json(), "phase_seconds": phases.seconds}, limit=bounds.limit,
-                        tuning_seconds=self.clock() - started, reason=reason, **fields)
+            reason = f"no candidate produced a valid timing{f' ({bench.finish_reason})' if bench.finish_reason else ''}"
+            return Decision(winner=plan.baseline.name, reason=reason, **details,
+                            **{**fields, "source": "fallback"})
+        return Decision(winner=winner, **details, **fields)
 
     def _jax_device(self):
         if self.jax_device is None:
-            self.jax_device = jax.devices(self.device.platform)[0]
+            self.jax_device = jax.local_devices(backend=self.device.platform)[0]
         return self.jax_device
 
 
