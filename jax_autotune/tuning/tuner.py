@@ -198,8 +198,8 @@ class Tuner:
         fields = dict(key=key, problem=problem, device=self.device.fingerprint,
                       checksum=self.checksum, source="tuned")
         if not plan.rounds:  # nothing to compare: XLA's dot, without a benchmark
-            return Decision(winner=plan.baseline.name, reason="no other candidate for this key",
-                            **fields)
+            return Decision(winner=plan.baseline.name,
+                            reason=plan.reason or "no other candidate for this key", **fields)
         counters.bump("tuned")
         try:
             with jax.transfer_guard("allow"):
