@@ -22,7 +22,7 @@ from jax import lax
 
 import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
-from jax_autotune.problem import MatmulProblem, precision_name, problem_for
+from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
 from jax_autotune.primitive import bind_matmul
 
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
@@ -31,12 +31,32 @@ _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
 def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision):
     return MatmulProblem(batch=batch, m=m, n=n, k=k, lhs_dtype=lhs.dtype.name, rhs_dtype=rhs.dtype.name,
                          out_dtype=np.dtype(out_dtype).name, transpose_a=transpose_a,
-                         transpose_b=transpose_b, precision=precision_name(precision))
+                         transpose_b=transpose_b, precision=precision)
+
+
+def _tuned(op: str, lhs, rhs, precision, preferred_element_type):
+    """(key precision, result dtype) of a call the tuned matmul serves exactly as lax does;
+    None where lax's own dot must run it: a ``lax.DotAlgorithm``, or operands of different
+    dtypes other than two floats of 16 bits or more. Raises lax's error where lax rejects it.
+
+    >>> _tuned("dot_general", jnp.ones((2, 2), "float16"), jnp.ones((2, 2), "bfloat16"), None, None)
+    (<Precision.DEFAULT: 'DEFAULT'>, dtype(bfloat16))
+    """
+    result = lax_result(op, lhs, rhs, precision, preferred_element_type)
+    level = key_precision(result.precision)
+    if lhs.dtype != rhs.dtype:
+        wide_floats = all(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize >= 2
+                          for x in (lhs, rhs))
+        # converted operands are strong, so a weak result needs lax's own dot too
+        if not wide_floats or result.weak_type:
+            return None
+    return None if level is None else (level, result.dtype)
 
 
 def matmul(a, b, *, precision=None, preferred_element_type=None):
-    """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting and
-    dtype promotion as in NumPy; the result dtype is ``preferred_element_type`` if given.
+    """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting,
+    result dtype and ``precision`` (levels, algorithm presets, the default matmul precision
+    in force) as ``jnp.matmul`` has them; a ``lax.DotAlgorithm`` goes to ``jnp.matmul``.
 
     >>> jat.matmul(jnp.ones((3, 4)), jnp.ones(4)).shape
     (3,)
@@ -44,9 +64,10 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
-    dtype = jnp.result_type(a, b)
-    a, b = a.astype(dtype), b.astype(dtype)
-    out_dtype = dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
+    tuned = _tuned("matmul", a, b, precision, preferred_element_type)
+    if tuned is None:
+        return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
+    precision_level, out_dtype = tuned
     vector_a, vector_b = a.ndim == 1, b.ndim == 1
     a2 = a[None, :] if vector_a else a
     b2 = b[:, None] if vector_b else b
@@ -61,12 +82,12 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
         lhs = a2.reshape(1, batch * m, k)
-        problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision)
+        problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision_level)
         out = bind_matmul(lhs, b2.reshape(1, k, n), problem)
     else:
         lhs = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(batch, m, k)
         rhs = jnp.broadcast_to(b2, (*batch_shape, k, n)).reshape(batch, k, n)
-        problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision)
+        problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision_level)
         out = bind_matmul(lhs, rhs, problem)
     out = out.reshape(*batch_shape, m, n)
     if vector_a:
@@ -106,10 +127,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """A drop-in for ``lax.dot_general`` that goes through the autotuner.
 
     Accepts every keyword the installed ``lax.dot_general`` accepts (e.g. ``out_sharding``);
-    extra keywords with non-default values are passed to ``lax.dot_general`` itself.
+    extra keywords with non-default values are passed to ``lax.dot_general`` itself, and so
+    are a ``lax.DotAlgorithm`` precision and operands of different dtypes other than two
+    floats. The result dtype and the precision (a level, a ``lax.DotAlgorithmPreset`` or its
+    name, or the ``jax.default_matmul_precision`` in force) follow lax's own rules.
 
     >>> jat.dot_general(x, w, (((2,), (0,)), ((), ()))).shape
     (8, 32, 16)
+    >>> jat.dot_general(x, w, (((2,), (0,)), ((), ())), precision="F32_F32_F32").dtype
+    dtype('float32')
     """
     unknown = set(kwargs) - _LAX_DOT_GENERAL_PARAMS
     if unknown:
@@ -136,20 +162,19 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         raise ValueError(f"dot_general: a dim cannot be both batch and contracting: {dimension_numbers!r}")
     lfree = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
-    out_dtype = (jnp.dtype(preferred_element_type) if preferred_element_type is not None
-                 else jnp.result_type(lhs.dtype, rhs.dtype))
-    if lhs.dtype != rhs.dtype and not (jnp.issubdtype(lhs.dtype, jnp.floating)
-                                       and jnp.issubdtype(rhs.dtype, jnp.floating)):
-        # mixed integer/float operands: lax's own rules, XLA's own dot
+    tuned = _tuned("dot_general", lhs, rhs, precision, preferred_element_type)
+    if tuned is None:
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
+    precision_level, out_dtype = tuned
     lhs3, transpose_a = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
     rhs3, transpose_b = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
     batch = lhs3.shape[0]
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
-    problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b, precision)
+    problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b,
+                       precision_level)
     out = bind_matmul(lhs3, rhs3, problem)
     out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
         tuple(rhs.shape[d] for d in rfree)

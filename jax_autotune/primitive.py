@@ -26,7 +26,7 @@ from jax.interpreters import ad, batching, mlir
 import jax_autotune.config as config
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuners import tuner_for
-from jax_autotune.kernels.xla import dimension_numbers, xla_dot
+from jax_autotune.kernels.xla import dimension_numbers, lax_precision, xla_dot
 
 matmul_p = Primitive("autotuned_matmul")
 
@@ -39,6 +39,9 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem):
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    problem = problem.with_operands_converted()
+    lhs = lhs if lhs.dtype == problem.lhs_dtype else lax.convert_element_type(lhs, problem.lhs_dtype)
+    rhs = rhs if rhs.dtype == problem.rhs_dtype else lax.convert_element_type(rhs, problem.rhs_dtype)
     lhs, rhs = _match_varying_axes(lhs, rhs)
     return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")))
 
@@ -68,8 +71,9 @@ def _abstract_eval(lhs, rhs, *, problem, key):
     """The output aval by lax.dot_general's own rule, so shard_map's varying axes and
     shardings propagate exactly as for XLA's dot."""
     out, _ = lax.dot_general_p.abstract_eval(
-        lhs, rhs, dimension_numbers=dimension_numbers(problem), precision=None,
-        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=None)
+        lhs, rhs, dimension_numbers=dimension_numbers(problem),
+        precision=lax_precision(problem.precision), preferred_element_type=jnp.dtype(problem.out_dtype),
+        out_sharding=None)
     return out
 
 
@@ -95,38 +99,38 @@ def _xla_lowering(ctx, lhs, rhs, *, problem, key):
 
 # ---------------------------------------------------------------- autodiff
 
-def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, out_dtype,
-                  transpose_a, transpose_b) -> MatmulProblem:
+def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, transpose_a,
+                  transpose_b) -> MatmulProblem:
+    # the cotangent product keeps the forward's result dtype and precision, as lax's
+    # transpose does; the caller converts it to the operand's dtype
     return dataclasses.replace(problem, m=m, n=n, k=k, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
-                               out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+                               transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 def _transpose_lhs(ct, lhs, rhs, *, problem, key):
     """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed."""
     p = problem
-    lhs_dtype = lhs.aval.dtype
     if not p.transpose_a:  # lhs_bar (b, m, k) = ct (b, m, n) @ rhs^T (b, n, k)
         new = _swap_problem(p, m=p.m, n=p.k, k=p.n, lhs_dtype=ct.dtype, rhs_dtype=rhs.dtype,
-                            out_dtype=lhs_dtype, transpose_a=False, transpose_b=not p.transpose_b)
-        return bind_matmul(ct, rhs, new)
+                            transpose_a=False, transpose_b=not p.transpose_b)
+        return bind_matmul(ct, rhs, new).astype(lhs.aval.dtype)
     # lhs stored (b, k, m): lhs_bar = rhs (b, k, n) @ ct^T (b, n, m)
     new = _swap_problem(p, m=p.k, n=p.m, k=p.n, lhs_dtype=rhs.dtype, rhs_dtype=ct.dtype,
-                        out_dtype=lhs_dtype, transpose_a=p.transpose_b, transpose_b=True)
-    return bind_matmul(rhs, ct, new)
+                        transpose_a=p.transpose_b, transpose_b=True)
+    return bind_matmul(rhs, ct, new).astype(lhs.aval.dtype)
 
 
 def _transpose_rhs(ct, lhs, rhs, *, problem, key):
     """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed."""
     p = problem
-    rhs_dtype = rhs.aval.dtype
     if not p.transpose_b:  # rhs_bar (b, k, n) = lhs^T (b, k, m) @ ct (b, m, n)
         new = _swap_problem(p, m=p.k, n=p.n, k=p.m, lhs_dtype=lhs.dtype, rhs_dtype=ct.dtype,
-                            out_dtype=rhs_dtype, transpose_a=not p.transpose_a, transpose_b=False)
-        return bind_matmul(lhs, ct, new)
+                            transpose_a=not p.transpose_a, transpose_b=False)
+        return bind_matmul(lhs, ct, new).astype(rhs.aval.dtype)
     # rhs stored (b, n, k): rhs_bar = ct^T (b, n, m) @ lhs (b, m, k)
     new = _swap_problem(p, m=p.n, n=p.k, k=p.m, lhs_dtype=ct.dtype, rhs_dtype=lhs.dtype,
-                        out_dtype=rhs_dtype, transpose_a=True, transpose_b=p.transpose_a)
-    return bind_matmul(ct, lhs, new)
+                        transpose_a=True, transpose_b=p.transpose_a)
+    return bind_matmul(ct, lhs, new).astype(rhs.aval.dtype)
 
 
 # ---------------------------------------------------------------- vmap
