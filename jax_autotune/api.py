@@ -24,7 +24,7 @@ from jax import lax
 
 import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
-from jax_autotune.problem import MatmulProblem, precision_name, problem_for
+from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
 from jax_autotune.primitive import bind_matmul
 from jax_autotune.sharding import ShardingTypeError
 
@@ -34,14 +34,34 @@ _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
 def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision):
     return MatmulProblem(batch=batch, m=m, n=n, k=k, lhs_dtype=lhs.dtype.name, rhs_dtype=rhs.dtype.name,
                          out_dtype=np.dtype(out_dtype).name, transpose_a=transpose_a,
-                         transpose_b=transpose_b, precision=precision_name(precision))
+                         transpose_b=transpose_b, precision=precision)
+
+
+def _tuned(op: str, lhs, rhs, precision, preferred_element_type):
+    """(key precision, result dtype) of a call the tuned matmul serves exactly as lax does;
+    None where lax's own dot must run it: a ``lax.DotAlgorithm``, or operands of different
+    dtypes other than two floats of 16 bits or more. Raises lax's error where lax rejects it.
+
+    >>> _tuned("dot_general", jnp.ones((2, 2), "float16"), jnp.ones((2, 2), "bfloat16"), None, None)
+    (<Precision.DEFAULT: 'DEFAULT'>, dtype(bfloat16))
+    """
+    result = lax_result(op, lhs, rhs, precision, preferred_element_type)
+    level = key_precision(result.precision)
+    if lhs.dtype != rhs.dtype:
+        wide_floats = all(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize >= 2
+                          for x in (lhs, rhs))
+        # converted operands are strong, so a weak result needs lax's own dot too
+        if not wide_floats or result.weak_type:
+            return None
+    return None if level is None else (level, result.dtype)
 
 
 def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None):
-    """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting and
-    dtype promotion as in NumPy; the result dtype is ``preferred_element_type`` if given;
-    ``out_sharding`` as jnp.matmul takes it (Explicit mesh axes). A zero-size operand
-    gives what jnp gives (an empty array, or zeros when k is 0).
+    """``jnp.matmul(a, b)`` through the autotuner: 1-D promotion, batch broadcasting,
+    result dtype and ``precision`` (levels, algorithm presets, the default matmul precision
+    in force) as ``jnp.matmul`` has them; a ``lax.DotAlgorithm`` goes to ``jnp.matmul``;
+    ``out_sharding`` as jnp.matmul takes it (Explicit mesh axes). A zero-size operand gives
+    what jnp gives (an empty array, or zeros when k is 0).
 
     >>> jat.matmul(jnp.ones((3, 4)), jnp.ones(4)).shape
     (3,)
@@ -58,9 +78,11 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
-    dtype = jnp.result_type(a, b)
-    a, b = a.astype(dtype), b.astype(dtype)
-    out_dtype = dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
+    tuned = _tuned("matmul", a, b, precision, preferred_element_type)
+    if tuned is None:
+        return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type,
+                          out_sharding=out_sharding)
+    precision_level, out_dtype = tuned
     vector_a, vector_b = a.ndim == 1, b.ndim == 1
     a2 = a[None, :] if vector_a else a
     b2 = b[:, None] if vector_b else b
@@ -80,13 +102,13 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
         lhs = _reshape(a2, (1, batch * m, k))
-        problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision)
+        problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision_level)
         out = bind_matmul(lhs, _reshape(b2, (1, k, n)), problem,
                           _canonical_sharding(out_sharding, final_shape, problem.out_shape))
     else:
         lhs = _reshape(jnp.broadcast_to(a2, (*batch_shape, m, k)), (batch, m, k))
         rhs = _reshape(jnp.broadcast_to(b2, (*batch_shape, k, n)), (batch, k, n))
-        problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision)
+        problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision_level)
         out = bind_matmul(lhs, rhs, problem,
                           _canonical_sharding(out_sharding, final_shape, problem.out_shape))
     return _reshape(out, final_shape, out_sharding)
@@ -166,11 +188,17 @@ def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
     """A drop-in for ``lax.dot_general`` that goes through the autotuner.
 
-    Accepts every keyword the installed ``lax.dot_general`` accepts (e.g. ``out_sharding``);
-    extra keywords with non-default values are passed to ``lax.dot_general`` itself.
+    Accepts every keyword the installed ``lax.dot_general`` accepts (``out_sharding`` as lax
+    takes it, under Explicit mesh axes); other keywords with non-default values are passed
+    to ``lax.dot_general`` itself, and so are a ``lax.DotAlgorithm`` precision and operands
+    of different dtypes other than two floats. The result dtype and the precision (a level,
+    a ``lax.DotAlgorithmPreset`` or its name, or the ``jax.default_matmul_precision`` in
+    force) follow lax's own rules.
 
     >>> jat.dot_general(x, w, (((2,), (0,)), ((), ()))).shape
     (8, 32, 16)
+    >>> jat.dot_general(x, w, (((2,), (0,)), ((), ())), precision="F32_F32_F32").dtype
+    dtype('float32')
     """
     unknown = set(kwargs) - _LAX_DOT_GENERAL_PARAMS
     if unknown:
@@ -209,14 +237,12 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
         raise ValueError(f"dot_general: a dim cannot be both batch and contracting: {dimension_numbers!r}")
     lfree = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
-    out_dtype = (jnp.dtype(preferred_element_type) if preferred_element_type is not None
-                 else jnp.result_type(lhs.dtype, rhs.dtype))
-    if lhs.dtype != rhs.dtype and not (jnp.issubdtype(lhs.dtype, jnp.floating)
-                                       and jnp.issubdtype(rhs.dtype, jnp.floating)):
-        # mixed integer/float operands: lax's own rules, XLA's own dot
+    tuned = _tuned("dot_general", lhs, rhs, precision, preferred_element_type)
+    if tuned is None:
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type,
                                out_sharding=out_sharding)
+    precision_level, out_dtype = tuned
     out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
         tuple(rhs.shape[d] for d in rfree)
     if lhs.size == 0 or rhs.size == 0:  # what lax returns: empty, or zeros when only k is 0
@@ -227,7 +253,8 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
-    problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b, precision)
+    problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b,
+                       precision_level)
     out = bind_matmul(lhs3, rhs3, problem, _canonical_sharding(out_sharding, out_shape, problem.out_shape))
     return _reshape(out, out_shape, out_sharding)
 

@@ -69,9 +69,51 @@ class Kind(str, enum.Enum):
 
 
 class Precision(str, enum.Enum):
+    """A key's numerical contract: a ``lax.Precision`` level, or a ``lax.DotAlgorithmPreset``
+    by its name (the preset ``DEFAULT`` is ``ALGORITHM_DEFAULT``: lax's dtype and lowering
+    rules for it differ from the level's).
+
+    >>> Precision.of_algorithm("F32_F32_F32").algorithm, Precision.HIGH.algorithm
+    ('F32_F32_F32', None)
+    """
+
     DEFAULT = "DEFAULT"
     HIGH = "HIGH"
     HIGHEST = "HIGHEST"
+    ALGORITHM_DEFAULT = "ALGORITHM_DEFAULT"
+    ANY_F8_ANY_F8_F32 = "ANY_F8_ANY_F8_F32"
+    ANY_F8_ANY_F8_F32_FAST_ACCUM = "ANY_F8_ANY_F8_F32_FAST_ACCUM"
+    ANY_F8_ANY_F8_ANY = "ANY_F8_ANY_F8_ANY"
+    ANY_F8_ANY_F8_ANY_FAST_ACCUM = "ANY_F8_ANY_F8_ANY_FAST_ACCUM"
+    F16_F16_F16 = "F16_F16_F16"
+    F16_F16_F32 = "F16_F16_F32"
+    BF16_BF16_BF16 = "BF16_BF16_BF16"
+    BF16_BF16_F32 = "BF16_BF16_F32"
+    BF16_BF16_F32_X3 = "BF16_BF16_F32_X3"
+    BF16_BF16_F32_X6 = "BF16_BF16_F32_X6"
+    BF16_BF16_F32_X9 = "BF16_BF16_F32_X9"
+    TF32_TF32_F32 = "TF32_TF32_F32"
+    TF32_TF32_F32_X3 = "TF32_TF32_F32_X3"
+    F32_F32_F32 = "F32_F32_F32"
+    F64_F64_F64 = "F64_F64_F64"
+
+    @property
+    def algorithm(self) -> str | None:
+        """The ``lax.DotAlgorithmPreset`` name of a preset; None for a level."""
+        if self in PRECISION_LEVELS:
+            return None
+        return "DEFAULT" if self is Precision.ALGORITHM_DEFAULT else self.value
+
+    @classmethod
+    def of_algorithm(cls, name: str) -> "Precision":
+        """The member of the ``lax.DotAlgorithmPreset`` named ``name``; ValueError if unknown."""
+        member = cls.ALGORITHM_DEFAULT if name == "DEFAULT" else cls(name)
+        if member in PRECISION_LEVELS:
+            raise ValueError(f"{name!r} is a precision level, not an algorithm preset")
+        return member
+
+
+PRECISION_LEVELS = (Precision.DEFAULT, Precision.HIGH, Precision.HIGHEST)  # lowest first
 
 
 @dataclasses.dataclass(frozen=True, order=True)

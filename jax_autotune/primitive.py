@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 import jax_autotune.config as config
-from jax_autotune.kernels.xla import dimension_numbers, xla_dot
+from jax_autotune.kernels.xla import dimension_numbers, lax_precision, xla_dot
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import ShardKernels, lowering_targets_many_devices, partitioned_matmul
 from jax_autotune.tuners import has_devices, tuner_for
@@ -61,6 +61,9 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem, out_sharding=None):
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    problem = problem.with_operands_converted()
+    lhs = lhs if lhs.dtype == problem.lhs_dtype else lax.convert_element_type(lhs, problem.lhs_dtype)
+    rhs = rhs if rhs.dtype == problem.rhs_dtype else lax.convert_element_type(rhs, problem.rhs_dtype)
     if out_sharding is not None and canonicalize_sharding is not None:
         out_sharding = canonicalize_sharding(out_sharding, "autotuned_matmul")
     lhs, rhs = _match_varying_axes(lhs, rhs)
@@ -93,8 +96,9 @@ def _abstract_eval(lhs, rhs, *, problem, key, out_sharding):
     """The output aval by lax.dot_general's own rule, so shard_map's varying axes and
     (Explicit) shardings propagate exactly as for XLA's dot."""
     out, _ = lax.dot_general_p.abstract_eval(
-        lhs, rhs, dimension_numbers=dimension_numbers(problem), precision=None,
-        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=out_sharding)
+        lhs, rhs, dimension_numbers=dimension_numbers(problem),
+        precision=lax_precision(problem.precision), preferred_element_type=jnp.dtype(problem.out_dtype),
+        out_sharding=out_sharding)
     return out
 
 
@@ -156,40 +160,42 @@ def _xla_lowering(ctx, lhs, rhs, *, problem, key, out_sharding):
 
 # ---------------------------------------------------------------- autodiff
 
-def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, out_dtype,
-                  transpose_a, transpose_b) -> MatmulProblem:
+def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, transpose_a,
+                  transpose_b) -> MatmulProblem:
+    # the cotangent product keeps the forward's result dtype and precision, as lax's
+    # transpose does; the caller converts it to the operand's dtype
     return dataclasses.replace(problem, m=m, n=n, k=k, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
-                               out_dtype=out_dtype, transpose_a=transpose_a, transpose_b=transpose_b)
+                               transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 def _transpose_lhs(ct, lhs, rhs, *, problem, key, out_sharding):
     """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed; in
     lhs's stored layout and (Explicit axes) its sharding, as lax does."""
     p = problem
-    lhs_dtype, sharding = lhs.aval.dtype, _explicit_sharding(lhs.aval)
+    sharding = _explicit_sharding(lhs.aval)
     if not p.transpose_a:  # lhs_bar (b, m, k) = ct (b, m, n) @ rhs^T (b, n, k)
         new = _swap_problem(p, m=p.m, n=p.k, k=p.n, lhs_dtype=ct.dtype, rhs_dtype=rhs.dtype,
-                            out_dtype=lhs_dtype, transpose_a=False, transpose_b=not p.transpose_b)
-        return bind_matmul(ct, rhs, new, sharding)
+                            transpose_a=False, transpose_b=not p.transpose_b)
+        return bind_matmul(ct, rhs, new, sharding).astype(lhs.aval.dtype)
     # lhs stored (b, k, m): lhs_bar = rhs (b, k, n) @ ct^T (b, n, m)
     new = _swap_problem(p, m=p.k, n=p.m, k=p.n, lhs_dtype=rhs.dtype, rhs_dtype=ct.dtype,
-                        out_dtype=lhs_dtype, transpose_a=p.transpose_b, transpose_b=True)
-    return bind_matmul(rhs, ct, new, sharding)
+                        transpose_a=p.transpose_b, transpose_b=True)
+    return bind_matmul(rhs, ct, new, sharding).astype(lhs.aval.dtype)
 
 
 def _transpose_rhs(ct, lhs, rhs, *, problem, key, out_sharding):
     """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed; in
     rhs's stored layout and (Explicit axes) its sharding."""
     p = problem
-    rhs_dtype, sharding = rhs.aval.dtype, _explicit_sharding(rhs.aval)
+    sharding = _explicit_sharding(rhs.aval)
     if not p.transpose_b:  # rhs_bar (b, k, n) = lhs^T (b, k, m) @ ct (b, m, n)
         new = _swap_problem(p, m=p.k, n=p.n, k=p.m, lhs_dtype=lhs.dtype, rhs_dtype=ct.dtype,
-                            out_dtype=rhs_dtype, transpose_a=not p.transpose_a, transpose_b=False)
-        return bind_matmul(lhs, ct, new, sharding)
+                            transpose_a=not p.transpose_a, transpose_b=False)
+        return bind_matmul(lhs, ct, new, sharding).astype(rhs.aval.dtype)
     # rhs stored (b, n, k): rhs_bar = ct^T (b, n, m) @ lhs (b, m, k)
     new = _swap_problem(p, m=p.n, n=p.k, k=p.m, lhs_dtype=ct.dtype, rhs_dtype=lhs.dtype,
-                        out_dtype=rhs_dtype, transpose_a=True, transpose_b=p.transpose_a)
-    return bind_matmul(ct, lhs, new, sharding)
+                        transpose_a=True, transpose_b=p.transpose_a)
+    return bind_matmul(ct, lhs, new, sharding).astype(rhs.aval.dtype)
 
 
 # ---------------------------------------------------------------- vmap

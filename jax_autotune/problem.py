@@ -3,7 +3,8 @@
 ``MatmulProblem`` is (batch, m, k) x (batch, k, n) -> (batch, m, n) with real sizes,
 dtypes, layout flags and precision; ``problem.key(level)`` is its tune key
 (``jax_autotune.key``). ``problem_for`` builds one from operands as stored;
-``precision_name`` normalises a jax precision argument.
+``lax_result`` is lax's own dtype and precision rule for a call, ``key_precision`` and
+``precision_name`` turn a jax precision into the key's.
 
     >>> import jax
     >>> from jax_autotune.problem import problem_for
@@ -15,16 +16,17 @@ dtypes, layout flags and precision; ``problem.key(level)`` is its tune key
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune.key import (Level, MatmulKey, Precision, anchor, compact_form, dtype_name,
-                              kind_of, layout_from_strides, pow2_factor, row_major_strides,
-                              scale_of, stride_factor)
+from jax_autotune.key import (PRECISION_LEVELS, Level, MatmulKey, Precision, anchor, compact_form,
+                              dtype_name, kind_of, layout_from_strides, pow2_factor,
+                              row_major_strides, scale_of, stride_factor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,14 @@ class MatmulProblem:
         return compact_form(self.batch, self.m, self.n, self.k,
                             (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision)
 
+    def with_operands_converted(self) -> "MatmulProblem":
+        """The problem as XLA's dot runs it on CPUs and GPUs: lax's lowering converts
+        operands of different dtypes to the result dtype first (under an algorithm preset it
+        converts them to the preset's types instead, so those stay as they are)."""
+        if self.lhs_dtype == self.rhs_dtype or self.precision.algorithm is not None:
+            return self
+        return dataclasses.replace(self, lhs_dtype=self.out_dtype, rhs_dtype=self.out_dtype)
+
     def key(self, level: Level | str = Level.BALANCED) -> MatmulKey:
         """The tune key of this problem at ``level`` (callers pass the configured level)."""
         level = Level(level)
@@ -122,35 +132,111 @@ def _logical(stored_shape, stored_strides, transposed):
     return shape, strides
 
 
-def precision_name(precision: Any) -> Precision:
-    """Normalise a jax precision argument (None, str, lax.Precision or a pair) to one level.
+# ---------------------------------------------------------------- lax's own rules
 
-    None follows ``jax.config.jax_default_matmul_precision`` like XLA's dot does; a
-    pair takes the higher of the two.
+_DOT_1X1 = (((1,), (0,)), ((), ()))
+_F32 = (np.dtype("float32"), False)
+_F32_SDS = jax.ShapeDtypeStruct((1, 1), "float32")
+
+
+class LaxResult(NamedTuple):
+    """What lax makes of a call: its canonical precision (None, a pair of ``lax.Precision``,
+    a ``lax.DotAlgorithmPreset`` or a ``lax.DotAlgorithm``) and the result's dtype and weak type."""
+
+    precision: Any
+    dtype: np.dtype
+    weak_type: bool
+
+
+def lax_result(op: str, lhs: Any, rhs: Any, precision: Any = None,
+               preferred_element_type: Any = None) -> LaxResult:
+    """How ``lax.dot_general`` (op ``"dot_general"``) or ``jnp.matmul`` (``"matmul"``) treats
+    operands of these dtypes, found by tracing it on 1x1 operands: the precision in force
+    (``jax.default_matmul_precision`` included) and the result dtype, or lax's own error.
+
+    >>> f16, bf16 = jnp.ones(2, "float16"), jnp.ones(2, "bfloat16")
+    >>> lax_result("dot_general", f16, bf16).dtype, lax_result("matmul", f16, bf16).dtype
+    (dtype(bfloat16), dtype('float32'))
     """
-    if precision is None:
-        configured = jax.config.jax_default_matmul_precision
-        if configured is None:
-            return Precision.DEFAULT
-        precision = configured
-    if isinstance(precision, (tuple, list)):
-        if len(precision) != 2:
-            raise ValueError(f"precision: expected None, a Precision or a pair, got {precision!r}")
-        levels = [precision_name(p) for p in precision]
-        order = list(Precision)
-        return max(levels, key=order.index)
-    if isinstance(precision, lax.Precision):
-        return Precision(precision.name)
-    if isinstance(precision, str):
-        aliases = {
-            "default": Precision.DEFAULT, "fastest": Precision.DEFAULT, "bfloat16": Precision.DEFAULT,
-            "high": Precision.HIGH, "tensorfloat32": Precision.HIGH, "bfloat16_3x": Precision.HIGH,
-            "highest": Precision.HIGHEST, "float32": Precision.HIGHEST,
-        }
-        if precision.lower() in aliases:
-            return aliases[precision.lower()]
-    raise ValueError(f"precision: expected None, 'DEFAULT', 'HIGH', 'HIGHEST', a lax.Precision "
-                     f"or a pair of them, got {precision!r}")
+    args = (op, _dtype_and_weak_type(lhs), _dtype_and_weak_type(rhs),
+            tuple(precision) if isinstance(precision, list) else precision, preferred_element_type,
+            _settings_in_force())
+    try:
+        hash(args)
+    except TypeError:  # an odd precision or dtype: trace it uncached (lax judges it)
+        return _traced_lax_result.__wrapped__(*args)
+    return _traced_lax_result(*args)
+
+
+@functools.lru_cache(maxsize=1024)
+def _traced_lax_result(op, lhs, rhs, precision, preferred_element_type, settings):
+    # lax reads the settings while tracing; as an argument they key the cache
+    a, b = (jax.ShapeDtypeStruct((1, 1), dtype, weak_type=weak) for dtype, weak in (lhs, rhs))
+    if op == "matmul":
+        out = jax.eval_shape(functools.partial(jnp.matmul, precision=precision,
+                                               preferred_element_type=preferred_element_type), a, b)
+        # jnp.matmul hands precision to lax.dot_general as is
+        canonical = _traced_lax_result("dot_general", _F32, _F32, precision, None, settings)
+        return LaxResult(canonical.precision, np.dtype(out.dtype), bool(out.weak_type))
+    closed = jax.make_jaxpr(functools.partial(lax.dot_general, dimension_numbers=_DOT_1X1,
+                                              precision=precision,
+                                              preferred_element_type=preferred_element_type))(a, b)
+    (eqn,) = [e for e in closed.eqns if e.primitive is lax.dot_general_p]
+    out = closed.out_avals[0]
+    return LaxResult(eqn.params["precision"], np.dtype(out.dtype), bool(out.weak_type))
+
+
+def _settings_in_force() -> tuple:
+    """The jax settings lax's dtype and precision rules read."""
+    return (jax.config.jax_default_matmul_precision, jax.config.jax_enable_x64,
+            jax.config.jax_numpy_dtype_promotion)
+
+
+def _dtype_and_weak_type(x: Any) -> tuple[np.dtype, bool]:
+    try:
+        aval = jax.typeof(x)
+    except TypeError:  # any object with a shape and a dtype (key_for takes those)
+        aval = x
+    return np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False))
+
+
+def key_precision(canonical: Any) -> Precision | None:
+    """The key's ``Precision`` for lax's canonical precision (``LaxResult.precision``);
+    None where the key has no word for it (a ``lax.DotAlgorithm``, a preset newer than
+    this build), which the drop-ins hand to lax itself. A pair takes the higher level, as
+    XLA does on CPUs and GPUs.
+
+    >>> key_precision((lax.Precision.DEFAULT, lax.Precision.HIGH))
+    <Precision.HIGH: 'HIGH'>
+    """
+    if canonical is None:
+        return Precision.DEFAULT
+    if isinstance(canonical, lax.DotAlgorithmPreset):
+        try:
+            return Precision.of_algorithm(canonical.name)
+        except ValueError:
+            return None
+    if isinstance(canonical, tuple) and all(isinstance(p, lax.Precision) for p in canonical):
+        return max((Precision(p.name) for p in canonical), key=PRECISION_LEVELS.index)
+    return None
+
+
+def precision_name(precision: Any) -> Precision:
+    """The key's ``Precision`` for a jax precision argument (anything lax accepts but a
+    ``lax.DotAlgorithm``); None follows ``jax.default_matmul_precision`` as lax does.
+
+    >>> precision_name("F32_F32_F32"), precision_name("tensorfloat32")
+    (<Precision.F32_F32_F32: 'F32_F32_F32'>, <Precision.HIGH: 'HIGH'>)
+    """
+    try:
+        canonical = lax_result("dot_general", _F32_SDS, _F32_SDS, precision).precision
+    except ValueError as err:
+        raise ValueError(f"precision: {err}") from err
+    level = key_precision(canonical)
+    if level is None:
+        raise ValueError(f"precision: {precision!r} has no tune key; jax_autotune.dot_general "
+                         f"and matmul pass a lax.DotAlgorithm straight to lax")
+    return level
 
 
 def _shape_dtype(x: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -166,6 +252,8 @@ def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: b
     """The canonical problem of ``lhs @ rhs`` with operands given as stored.
 
     Both operands are (..., rows, cols) with equal or broadcastable leading batch dims.
+    The result dtype is ``lax.dot_general``'s; operands of different dtypes are keyed as
+    they run (``MatmulProblem.with_operands_converted``).
     """
     lhs_shape, lhs_dtype = _shape_dtype(lhs, "lhs")
     rhs_shape, rhs_dtype = _shape_dtype(rhs, "rhs")
@@ -182,11 +270,11 @@ def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: b
     except ValueError as err:
         raise ValueError(f"batch dims of lhs {lhs_shape} and rhs {rhs_shape} do not "
                          f"broadcast") from err
-    out_dtype = (np.dtype(preferred_element_type) if preferred_element_type is not None
-                 else np.dtype(jnp.promote_types(lhs_dtype, rhs_dtype)))
+    key_level = precision_name(precision)
+    out_dtype = lax_result("dot_general", lhs, rhs, precision, preferred_element_type).dtype
     return MatmulProblem(
         batch=int(np.prod(batch_shape, dtype=np.int64)), m=int(m), n=int(n), k=int(k_lhs),
         lhs_dtype=lhs_dtype.name, rhs_dtype=rhs_dtype.name, out_dtype=out_dtype.name,
         transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
-        precision=precision_name(precision),
-    )
+        precision=key_level,
+    ).with_operands_converted()

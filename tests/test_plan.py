@@ -45,6 +45,20 @@ def test_two_groups_with_the_same_priority_stay_separate_rounds_in_declaration_o
     assert rounds(cset) == [("first", 1, ["b"]), ("second", 1, ["a"])]
 
 
+@pytest.mark.parametrize("preset", [jax.lax.DotAlgorithmPreset.DEFAULT, "F32_F32_F32", "BF16_BF16_F32_X3"])
+def test_an_algorithm_preset_has_no_rounds_only_xla_dot(preset):
+    cset = candidate_set(
+        [("g", 2)],
+        [(fake_candidate("supported_everywhere"), [("g", 9)]),
+         (fake_candidate("unsupported", supported=False), [("g", 1)])],
+    )
+    s = jax.ShapeDtypeStruct((64, 64), "float32")
+    plan = make_plan(cset, key_for(s, s, precision=preset), CPU)
+    assert plan.rounds == () and plan.baseline is cset.baseline and "preset" in plan.reason
+    assert rounds(cset, key_for(s, s, precision="highest")) == [("g", 9, ["supported_everywhere"]),
+                                                                  (DEMOTED, -1, ["unsupported"])]
+
+
 def test_unsupported_candidates_are_demoted_to_a_last_round_not_removed():
     cset = candidate_set(
         [("g", 2), ("h", 1)],

@@ -17,8 +17,16 @@ from jax_autotune.problem import MatmulProblem
 XLA_DOT_NAME = "xla_dot"
 
 
-def lax_precision(precision: Precision | str) -> lax.Precision:
-    return getattr(lax.Precision, Precision(precision).value)
+def lax_precision(precision: Precision | str) -> lax.Precision | lax.DotAlgorithmPreset:
+    """The lax precision of a key's: a level, or the algorithm preset it names.
+
+    >>> lax_precision("F32_F32_F32")
+    DotAlgorithmPreset.F32_F32_F32
+    """
+    precision = Precision(precision)
+    if precision.algorithm is not None:
+        return lax.DotAlgorithmPreset[precision.algorithm]
+    return lax.Precision[precision.value]
 
 
 def dimension_numbers(problem: MatmulProblem):

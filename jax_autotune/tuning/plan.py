@@ -16,6 +16,9 @@ Rules (the reference's, plus two of ours, marked *):
    competes with each round's candidates, so the tuned matmul is never slower than
    plain XLA.* A round counts as successful when one of its own candidates is valid.
 5. A candidate in several groups runs in the first round that reaches it only.
+6. *A key whose precision is an algorithm preset (``lax.DotAlgorithmPreset``) has no
+   rounds: a preset is a numerical contract that XLA's dot honours and the other
+   families do not promise, so XLA's dot runs it without a benchmark.*
 
     >>> rounds = make_plan(candidate_set, key, device).rounds
     >>> [(r.group, r.tier, [c.name for c in r.candidates]) for r in rounds]
@@ -47,6 +50,7 @@ class Round:
 class Plan:
     baseline: Candidate
     rounds: tuple[Round, ...]
+    reason: str = ""  # why there are no rounds, when it is not just an empty candidate set
 
     @property
     def runnable(self) -> tuple[Round, ...]:
@@ -62,6 +66,9 @@ class Plan:
 def make_plan(candidate_set: CandidateSet, key: MatmulKey, device: DeviceInfo) -> Plan:
     """The rounds for ``key`` on ``device`` (see the module docstring for the rules)."""
     baseline = candidate_set.baseline
+    if key.precision.algorithm is not None:
+        return Plan(baseline, (), reason=f"only XLA's dot honours the algorithm preset "
+                                         f"{key.precision.algorithm}")
     by_name = {c.name: c for c in candidate_set.candidates}
     groups = sorted(
         ((g.priority(key), g.index, g) for g in candidate_set.groups),

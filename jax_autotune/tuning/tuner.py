@@ -362,7 +362,7 @@ class Tuner:
                        for c in plan.unsupported}
         if not plan.runnable:  # nothing to compare: XLA's dot, without a benchmark or probes
             return Decision(winner=plan.baseline.name, results=tuple(unsupported.values()),
-                            reason="no other candidate can run this key", **fields)
+                            reason=plan.reason or "no other candidate can run this key", **fields)
         rules = self.rules or DEFAULT_RULES
         budget = rules.budget_seconds or config.get("budget_seconds")  # a bad setting raises
         counters.bump("tuned")
