@@ -25,14 +25,14 @@ print('python', sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib
 'devices', jax.devices())" > "$out/versions.txt" 2>&1
 case "$part" in
   tests)
-    ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_suite_cache timeout 520 \
+    ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_suite_cache timeout 400 \
         python3 -m pytest -q -p no:cacheprovider -n 8 "$repo/tests" > "$out/tests_cpu_platform.log" 2>&1
       echo "exit $?" >> "$out/tests_cpu_platform.log" ) &
-    JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout 520 python3 -m pytest -q -p no:cacheprovider \
+    JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout 400 python3 -m pytest -q -p no:cacheprovider \
       --durations=12 -m gpu "$repo/tests" "$repo/tests/test_gpu_kernels.py" > "$out/tests_gpu.log" 2>&1
     echo "exit $?" >> "$out/tests_gpu.log"
     wait
-    timeout 150 jax-autotune shapes 1024 768 1000 2048 --json "$out/shapes.json" > "$out/shapes.txt" 2>&1
+    timeout 80 jax-autotune shapes 1024 768 1000 2048 --json "$out/shapes.json" > "$out/shapes.txt" 2>&1
     echo "exit $?" >> "$out/shapes.txt"
     ;;
   bench)
