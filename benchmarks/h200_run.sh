@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# What a run on an H200 checks and measures, every file into OUTDIR:
-#   bash benchmarks/h200_run.sh OUTDIR tests   # install; the whole suite on the CPU platform and
-#                                              # the GPU tests beside it; the cold/warm experiment
-#   bash benchmarks/h200_run.sh OUTDIR bench   # the GPU suite with its peers
-#   bash benchmarks/h200_run.sh OUTDIR model   # the model step (plain, per layer, autotune)
-# The machine has no network: packages it lacks travel as wheels in .whl/ (platformdirs).
+# What a run on an H200 checks and measures, every file into OUTDIR; PARTS, comma-separated:
+#   tests    the whole suite on the CPU platform, beside it the GPU tests; the cold/warm experiment
+#   retest   the GPU kernel and export tests, and the CPU-platform tests named in RETEST_CPU
+#   bench    the GPU suite with its peers
+#   model    the model step (plain, per layer, autotune)
+#     bash benchmarks/h200_run.sh OUTDIR tests
+# The package is built and installed once per run. The machine has no network: packages it
+# lacks travel as wheels in .whl/ (platformdirs).
 set -u
 out=$(mkdir -p "${1:?OUTDIR}" && cd "$1" && pwd)
-part=${2:-tests}
+parts=${2:-tests}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 if ls "$repo"/.whl/*.whl >/dev/null 2>&1; then
@@ -23,28 +25,39 @@ python3 -c "import sys, jax, jaxlib, numpy, jax_autotune, jax_autotune.kernels.c
 print('python', sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, \
 'numpy', numpy.__version__, 'jax_autotune', jax_autotune.__version__, 'native isa', n.isa(), \
 'devices', jax.devices())" > "$out/versions.txt" 2>&1
-case "$part" in
-  tests)
-    ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_suite_cache timeout 400 \
-        python3 -m pytest -q -p no:cacheprovider -n 8 "$repo/tests" > "$out/tests_cpu_platform.log" 2>&1
-      echo "exit $?" >> "$out/tests_cpu_platform.log" ) &
-    JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout 400 python3 -m pytest -q -p no:cacheprovider \
-      --durations=12 -m gpu "$repo/tests" "$repo/tests/test_gpu_kernels.py" > "$out/tests_gpu.log" 2>&1
-    echo "exit $?" >> "$out/tests_gpu.log"
-    wait
-    timeout 80 jax-autotune shapes 1024 768 1000 2048 --json "$out/shapes.json" > "$out/shapes.txt" 2>&1
-    echo "exit $?" >> "$out/shapes.txt"
-    ;;
-  bench)
-    cd "$repo/benchmarks" || exit 1
-    timeout 460 python3 gpu_suite.py --out "$out" --subset all --budget-s 200 --inductor-budget-s 110 \
-      --exhaustive-budget-s 45 > "$out/gpu_suite.log" 2>&1
-    echo "exit $?" >> "$out/gpu_suite.log"
-    ;;
-  model)
-    cd "$repo/benchmarks" || exit 1
-    timeout 420 python3 model_step.py --out "$out" --timeout-s 135 > "$out/model_step.log" 2>&1
-    echo "exit $?" >> "$out/model_step.log"
-    ;;
-esac
+pytest=(python3 -m pytest -q -p no:cacheprovider)
+for part in ${parts//,/ }; do
+  case "$part" in
+    tests)
+      ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_suite_cache timeout 400 \
+          "${pytest[@]}" -n 8 "$repo/tests" > "$out/tests_cpu_platform.log" 2>&1
+        echo "exit $?" >> "$out/tests_cpu_platform.log" ) &
+      JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout 400 "${pytest[@]}" --durations=12 -m gpu \
+        "$repo/tests" > "$out/tests_gpu.log" 2>&1
+      echo "exit $?" >> "$out/tests_gpu.log"
+      wait
+      timeout 80 jax-autotune shapes 1024 768 1000 2048 --json "$out/shapes.json" > "$out/shapes.txt" 2>&1
+      echo "exit $?" >> "$out/shapes.txt"
+      ;;
+    retest)
+      ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_retest_cache timeout 200 "${pytest[@]}" -n 4 \
+          $(for f in ${RETEST_CPU:-}; do echo "$repo/tests/$f"; done) > "$out/retest_cpu_platform.log" 2>&1
+        echo "exit $?" >> "$out/retest_cpu_platform.log" ) &
+      JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_retest_cache timeout 150 "${pytest[@]}" \
+        "$repo/tests/test_gpu_kernels.py" "$repo/tests/test_export.py" > "$out/retest_gpu.log" 2>&1
+      echo "exit $?" >> "$out/retest_gpu.log"
+      wait
+      ;;
+    bench)
+      ( cd "$repo/benchmarks" && timeout 370 python3 gpu_suite.py --out "$out" --subset all --budget-s 140 \
+          --inductor-budget-s 70 --exhaustive-budget-s 35 > "$out/gpu_suite.log" 2>&1
+        echo "exit $?" >> "$out/gpu_suite.log" )
+      ;;
+    model)
+      ( cd "$repo/benchmarks" && timeout 420 python3 model_step.py --out "$out" --timeout-s 135 \
+          > "$out/model_step.log" 2>&1
+        echo "exit $?" >> "$out/model_step.log" )
+      ;;
+  esac
+done
 echo "done in $(( $(date +%s) - start )) s"

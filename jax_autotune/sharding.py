@@ -28,6 +28,7 @@ import functools
 import math
 from typing import Callable
 
+import jax
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.experimental.xla_metadata import set_xla_metadata
@@ -186,7 +187,12 @@ def _partition(problem, kernels, out_sharding, mesh, arg_shapes, result_shape):
 
     def lower_fn(lhs_shard, rhs_shard):
         out = kernel(lhs_shard, rhs_shard)
-        return lax.psum(out, reduce_axes) if reduce_axes else out
+        if not reduce_axes:
+            return out
+        # no mesh in the types here: under an Explicit mesh the user set, jax 0.11 puts a
+        # sharding op inside the psum's reduction, which XLA cannot compile
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+            return lax.psum(out, reduce_axes)
 
     lhs_sharding, rhs_sharding, out_sharding = plan.shardings(mesh)
     return mesh, lower_fn, out_sharding, (lhs_sharding, rhs_sharding)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,6 @@ from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.probes import forget_measurements
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
 
@@ -102,7 +100,7 @@ def test_the_cpu_fingerprint_names_the_native_isa_and_a_lower_isa_rejects_a_wide
         print(json.dumps({"fingerprint": tuner.device.fingerprint,
                           "warnings": [str(w.message) for w in record]}))
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_AUTOTUNE_NATIVE_ISA": "portable",
+    env = {**os.environ, "JAX_AUTOTUNE_NATIVE_ISA": "portable",
            "JAX_AUTOTUNE_MODE": "cached", "JAX_AUTOTUNE_CACHE_DIR": config.get("cache_dir")}
     done = subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
@@ -161,7 +159,7 @@ def test_without_the_native_extension_one_warning_says_how_to_build_it():
         assert float(out[0, 0]) == 16.0
         print("\\n".join(f"{w.category.__name__}: {w.message}" for w in record))
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_AUTOTUNE_CACHE": "0"}
+    env = {**os.environ, "JAX_AUTOTUNE_CACHE": "0"}
     done = subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -187,6 +187,7 @@ def test_grad_of_sharded_matmuls_matches_lax_without_gathering(fresh_tuning, kin
 
 @four_devices
 def test_without_a_table_the_tuner_is_asked_for_the_per_shard_key(fresh_tuning, auto_mesh):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")  # something to tune besides XLA's dot
     jax.clear_caches()  # an executable compiled by an earlier test would skip the partitioner
     x, w = operands((64, 48), (48, 40))
     args = (jax.device_put(x, NamedSharding(auto_mesh, P("x", None))),
@@ -200,6 +201,7 @@ def test_without_a_table_the_tuner_is_asked_for_the_per_shard_key(fresh_tuning, 
 
 @four_devices
 def test_warmup_of_a_sharded_step_tunes_the_keys_its_compile_asks_for(fresh_tuning, auto_mesh):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
     x, w = operands((64, 48), (48, 40))
     args = (jax.device_put(x, NamedSharding(auto_mesh, P("x", None))),
             jax.device_put(w, NamedSharding(auto_mesh, P())))

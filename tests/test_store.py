@@ -21,7 +21,6 @@ from jax_autotune import config
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, StoreEntry, TuneStore, open_store
 
-REPO = Path(__file__).resolve().parents[1]
 NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"
 NS2 = "autotune/0.1.0/0.10.2/gpu-test/matmul"
 TP = "throughput/0.1.0/cpu-test"
@@ -223,7 +222,7 @@ _WRITER = textwrap.dedent("""
 def test_two_processes_writing_at_once_keep_every_row(tmp_path):
     path = tmp_path / "shared" / "default.db"
     go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "error"}
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
     procs = [subprocess.Popen([sys.executable, "-P", "-c", _WRITER, str(path), w, str(go)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for w in ("p0", "p1")]
@@ -426,7 +425,7 @@ _SERVE_AS_NOBODY = textwrap.dedent("""
     if sys.argv[1:] == ["owner"]:
         sys.exit(0)
     new = jax.jit(jat.matmul)(x[:, :12], x[:12, :8])   # a new key: tuned, kept in memory
-    np.testing.assert_allclose(stored, np.asarray(x) @ np.asarray(x), rtol=1e-5)
+    np.testing.assert_allclose(stored, np.asarray(x) @ np.asarray(x), rtol=1e-4, atol=1e-5)
     print(json.dumps({"before": before, "after": jat.stats()}))
 """)
 
@@ -439,7 +438,7 @@ def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
     shared = Path(tempfile.mkdtemp(prefix="jax_autotune_ro_"))
     try:
         cache = shared / "cache"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_AUTOTUNE_CACHE_DIR": str(cache),
+        env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(cache),
                "JAX_AUTOTUNE_MODE": "tune", "JAX_AUTOTUNE_BUDGET_SECONDS": "2"}
         owner = subprocess.run([sys.executable, "-P", "-c", _SERVE_AS_NOBODY, "owner"], env=env,
                                capture_output=True, text=True, timeout=300)
