@@ -186,13 +186,12 @@ def _partition(problem, kernels, out_sharding, mesh, arg_shapes, result_shape):
     reduce_axes = plan.reduce_axes
 
     def lower_fn(lhs_shard, rhs_shard):
-        out = kernel(lhs_shard, rhs_shard)
-        if not reduce_axes:
-            return out
-        # no mesh in the types here: under an Explicit mesh the user set, jax 0.11 puts a
-        # sharding op inside the psum's reduction, which XLA cannot compile
+        # no mesh in the types of the per-shard program: under an Explicit mesh the user
+        # set, jax 0.11 types the kernel's output with it and puts a sharding op into the
+        # psum's reduction, which XLA cannot compile
         with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-            return lax.psum(out, reduce_axes)
+            out = kernel(lhs_shard, rhs_shard)
+            return lax.psum(out, reduce_axes) if reduce_axes else out
 
     lhs_sharding, rhs_sharding, out_sharding = plan.shardings(mesh)
     return mesh, lower_fn, out_sharding, (lhs_sharding, rhs_sharding)
