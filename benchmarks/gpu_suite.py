@@ -114,22 +114,7 @@ def interleaved_device_us(fns, args, rounds: int = ROUNDS) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
-def torch_peers(c: Case, inductor_left: float) -> dict:
-    row: dict = {}
-    try:
-        row["cublas_us"] = peers.cublas_us(c.dtype, c.m, c.n, c.k, c.transpose_b, batch=c.batch)
-    except Exception as err:  # noqa: BLE001 - a peer that fails is reported, not fatal
-        row["cublas_error"] = f"{type(err).__name__}: {err}"[:200]
-    if inductor_left > 0 and c.dtype == BF16:
-        try:
-            row.update({f"inductor_{k}": v for k, v in peers.inductor(
-                c.dtype, c.m, c.n, c.k, c.transpose_b, batch=c.batch).items()})
-        except Exception as err:  # noqa: BLE001
-            row["inductor_error"] = f"{type(err).__name__}: {err}"[:200]
-    return row
-
-
-def run_cold(args, exhaustive: dict) -> list[dict]:
+def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
     import jax
     import jax_autotune as jat
     from jax_autotune.kernels.xla import xla_dot
@@ -140,7 +125,7 @@ def run_cold(args, exhaustive: dict) -> list[dict]:
 
     tuner = tuner_for("gpu")
     device = jax.local_devices(backend="gpu")[0]
-    rows, start_all, inductor_spent = [], time.perf_counter(), 0.0
+    rows, start_all = [], time.perf_counter()
     for c in cases(args.subset):
         if time.perf_counter() - start_all > args.budget_s:
             print(f"budget reached; skipping {c.dtype} {c.label}", flush=True)
@@ -165,10 +150,9 @@ def run_cold(args, exhaustive: dict) -> list[dict]:
                "phase_seconds": decision.bounds.get("phase_seconds"),
                "outcomes": {r.name: r.outcome for r in decision.results}, "reason": decision.reason}
         row["xla_us"], row["tuned_us"], row["xla_again_us"] = interleaved_device_us((xla, tuned, xla_again), operands)
-        started = time.perf_counter()
-        row.update(torch_peers(c, args.inductor_budget_s - inductor_spent))
-        inductor_spent += time.perf_counter() - started if "inductor_us" in row else 0.0
-        found = exhaustive.get((c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b))
+        case = (c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b)
+        row.update(torch.get(case, {}))
+        found = exhaustive.get(case)
         if found:
             row["exhaustive_us"], row["exhaustive_compile_s"] = found["us"], found["compile_s"]
         peers_us = [row.get(name) for name in ("xla_us", "xla_again_us", "cublas_us", "inductor_us", "exhaustive_us")]
@@ -267,9 +251,10 @@ def main() -> None:
         print(json.dumps(run_warm(args)))
         return
     os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="gpu_suite_"))
-    exhaustive_cases = [(c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b) for c in cases(args.subset)]
-    exhaustive = peers.xla_exhaustive(exhaustive_cases, args.exhaustive_budget_s) if args.exhaustive_budget_s > 0 else {}
-    rows = run_cold(args, exhaustive)
+    all_cases = [(c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b) for c in cases(args.subset)]
+    exhaustive = peers.xla_exhaustive(all_cases, args.exhaustive_budget_s) if args.exhaustive_budget_s > 0 else {}
+    torch = peers.torch_peers(all_cases, args.inductor_budget_s, timeout_s=args.inductor_budget_s + 120)
+    rows = run_cold(args, exhaustive, torch)
     warm = {}
     try:
         done = subprocess.run([sys.executable, __file__, "--phase", "warm", "--subset", args.subset],
@@ -282,7 +267,7 @@ def main() -> None:
     print(text)
     write_results(args.out, f"gpu_suite_{datetime.date.today().isoformat()}_{args.subset}", text,
                   {"rows": rows, "warm": warm, "exhaustive": [list(k) + [v] for k, v in exhaustive.items()],
-                   "command": command})
+                   "torch": [list(k) + [v] for k, v in torch.items()], "command": command})
 
 
 if __name__ == "__main__":

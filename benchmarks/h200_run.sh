@@ -49,7 +49,7 @@ for part in ${parts//,/ }; do
       wait
       ;;
     bench)
-      ( cd "$repo/benchmarks" && timeout 370 python3 gpu_suite.py --out "$out" --subset all --budget-s 140 \
+      ( cd "$repo/benchmarks" && timeout 450 python3 gpu_suite.py --out "$out" --subset all --budget-s 120 \
           --inductor-budget-s 70 --exhaustive-budget-s 35 > "$out/gpu_suite.log" 2>&1
         echo "exit $?" >> "$out/gpu_suite.log" )
       ;;

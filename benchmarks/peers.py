@@ -11,6 +11,9 @@
   in a child process (the flag is process-wide), CUPTI device time and compile seconds,
   shapes in order until a wall-time budget runs out.
 
+``torch_peers`` runs the torch peers in a child process too: torch.profiler keeps CUPTI
+subscribed, and JAX's CUPTI profiler cannot subscribe beside it.
+
     >>> us = torch_kernel_us(lambda: torch.matmul(a, b))
     >>> rows = xla_exhaustive([("bfloat16", 1, 768, 768, 768, False)], budget_s=120)
 """
@@ -81,6 +84,52 @@ def inductor(dtype: str, m: int, n: int, k: int, transpose_b: bool = False, batc
     return {"us": torch_kernel_us(lambda: compiled(a, b)), "tune_s": tune_s}
 
 
+def _torch_child(cases: list, inductor_budget_s: float) -> None:
+    """In the child: per case one JSON line with cuBLAS's and (within the budget, bf16)
+    Inductor's kernel time; a peer that fails is reported, not fatal."""
+    spent = 0.0
+    for dtype, batch, m, n, k, transpose_b in cases:
+        row: dict = {"case": [dtype, batch, m, n, k, transpose_b]}
+        try:
+            row["cublas_us"] = cublas_us(dtype, m, n, k, transpose_b, batch)
+        except Exception as err:  # noqa: BLE001
+            row["cublas_error"] = f"{type(err).__name__}: {err}"[:200]
+        if spent < inductor_budget_s and dtype == "bfloat16":
+            started = time.perf_counter()
+            try:
+                row.update({f"inductor_{key}": value for key, value in
+                            inductor(dtype, m, n, k, transpose_b, batch).items()})
+            except Exception as err:  # noqa: BLE001
+                row["inductor_error"] = f"{type(err).__name__}: {err}"[:200]
+            spent += time.perf_counter() - started
+        print(json.dumps(row), flush=True)
+
+
+def torch_peers(cases: list, inductor_budget_s: float, timeout_s: float) -> dict:
+    """{case: {'cublas_us', 'inductor_us', 'inductor_tune_s', ...errors}} from a child
+    process: torch.profiler keeps CUPTI subscribed, which JAX's own profiler then cannot."""
+    return _run_child(["--torch-child", json.dumps(cases), str(inductor_budget_s)], dict(os.environ), timeout_s)
+
+
+def _run_child(args: list, env: dict, timeout_s: float) -> dict:
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    found = {}
+    for line in out.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "case" in row:
+            found[tuple(row.pop("case"))] = row
+    return found
+
+
 def _exhaustive_child(cases: list) -> None:
     """In the child: one JSON line per shape as soon as it is measured."""
     import jax
@@ -110,22 +159,10 @@ def xla_exhaustive(cases: list, budget_s: float) -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_exhaustive_tiling_search=true").strip()
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    proc = subprocess.Popen([sys.executable, __file__, "--exhaustive-child", json.dumps(cases)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    try:
-        out, _ = proc.communicate(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    found = {}
-    for line in out.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        found[tuple(row["case"])] = {"us": row["us"], "compile_s": row["compile_s"]}
-    return found
+    return _run_child(["--exhaustive-child", json.dumps(cases)], env, budget_s)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--exhaustive-child"]:
     _exhaustive_child(json.loads(sys.argv[2]))
+elif __name__ == "__main__" and sys.argv[1:2] == ["--torch-child"]:
+    _torch_child(json.loads(sys.argv[2]), float(sys.argv[3]))
