@@ -20,8 +20,9 @@ in order.
 Left as lax's own dot (no tuning cost):
   * integer, complex, bool, float8 and mixed-dtype dots, and dots with an empty or symbolic
     dimension: no candidate serves them;
-  * dots with a ``lax.DotAlgorithmPreset`` precision: ``jat.dot_general`` does not take
-    algorithm presets yet (``_tuner_takes_precision`` is the one place that says so);
+  * dots with a ``lax.DotAlgorithmPreset`` precision: a preset is a numerical contract
+    that only XLA's dot honours, so the tuner would run no rounds and pick lax's dot
+    anyway (``_tuner_takes_precision`` is the one place that says so);
   * weak-typed dots (both operands weakly typed): ``jat.dot_general`` returns a strong
     type, which would change e.g. a scan carry's type.
 Left as is:
@@ -174,7 +175,7 @@ def _static_nonempty(shape) -> bool:
 
 
 def _tuner_takes_precision(precision) -> bool:
-    """None or a pair of ``lax.Precision``; a ``DotAlgorithmPreset`` stays lax's for now."""
+    """None or a pair of ``lax.Precision``; a ``DotAlgorithmPreset`` stays lax's (no rounds)."""
     return precision is None or (isinstance(precision, tuple)
                                  and all(isinstance(p, lax.Precision) for p in precision))
 
