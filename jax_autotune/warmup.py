@@ -78,18 +78,21 @@ class WarmupReport:
 
 def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
     """Every (problem, key) bound in a jaxpr and the jaxprs nested in it, in order, unique."""
-    found: dict[tuple[MatmulProblem, MatmulKey], None] = {}
-
-    def visit(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive is matmul_p:
-                found[(eqn.params["problem"], eqn.params["key"])] = None
-            for value in eqn.params.values():
-                for sub in _jaxprs_in(value):
-                    visit(sub)
-
-    visit(getattr(closed_jaxpr, "jaxpr", closed_jaxpr))
+    found = {(eqn.params["problem"], eqn.params["key"]): None
+             for eqn in equations(closed_jaxpr) if eqn.primitive is matmul_p}
     return list(found)
+
+
+def equations(closed_jaxpr) -> Iterable[Any]:
+    """Every equation of a (closed) jaxpr and of the jaxprs nested in its params, in order.
+
+    >>> sum(e.primitive.name == "dot_general" for e in equations(jax.make_jaxpr(f)(x)))
+    """
+    for eqn in getattr(closed_jaxpr, "jaxpr", closed_jaxpr).eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in _jaxprs_in(value):
+                yield from equations(sub)
 
 
 def _jaxprs_in(value) -> Iterable[Any]:

@@ -19,6 +19,7 @@ from jax import lax
 import jax_autotune as jat
 from jax_autotune import config, primitive
 from jax_autotune.tuners import reset_tuners
+from jax_autotune.warmup import equations
 
 TUNED = "autotuned_matmul"
 F32 = dict(rtol=2e-5, atol=2e-5)
@@ -28,20 +29,7 @@ MM = (((1,), (0,)), ((), ()))  # (m, k) x (k, n)
 
 def count(closed, name):
     """Equations named ``name`` in a jaxpr and in every jaxpr nested in its params."""
-    def jaxprs(value):
-        if isinstance(value, jax.extend.core.ClosedJaxpr):
-            yield value.jaxpr
-        elif isinstance(value, jax.extend.core.Jaxpr):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            for v in value:
-                yield from jaxprs(v)
-
-    def walk(jaxpr):
-        return sum((eqn.primitive.name == name)
-                   + sum(walk(sub) for v in eqn.params.values() for sub in jaxprs(v))
-                   for eqn in jaxpr.eqns)
-    return walk(closed.jaxpr)
+    return sum(eqn.primitive.name == name for eqn in equations(closed))
 
 
 def assert_all_tuned(fn, *args, expected):

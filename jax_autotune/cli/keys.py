@@ -59,6 +59,14 @@ def dtype_arg(text: str) -> str:
             f"float16, float8_e4m3fn, int8") from None
 
 
+def add_shape_arguments(parser) -> None:
+    """The positional shapes and ``--dtype`` that ``keys`` and ``shapes`` both take."""
+    parser.add_argument("shapes", nargs="+", type=shape_arg,
+                        help="S, MxNxK or BxMxNxK, with T for a transposed rhs")
+    parser.add_argument("--dtype", default="float32", type=dtype_arg,
+                        help="element type (default float32)")
+
+
 def key_of(text: str, dtype: str, level: str | None) -> MatmulKey:
     batch, m, n, k, transpose_b = parse_shape(text)
     lead = (batch,) if batch > 1 else ()
@@ -100,10 +108,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("keys", help="print the tune keys of some shapes",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("shapes", nargs="+", type=shape_arg,
-                        help="S, MxNxK or BxMxNxK, with T for a transposed rhs")
-    parser.add_argument("--dtype", default="float32", type=dtype_arg,
-                        help="element type (default float32)")
+    add_shape_arguments(parser)
     parser.add_argument("--level", choices=[lv.value for lv in Level], default=None,
                         help="bucketing level (default: the configured level)")
     parser.add_argument("--all-fields", action="store_true", help="print every key field")

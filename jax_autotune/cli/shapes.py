@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.api import dot_general, matmul
-from jax_autotune.cli.keys import dtype_arg, parse_shape, shape_arg
+from jax_autotune.cli.keys import add_shape_arguments, parse_shape
 from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
 
@@ -144,10 +144,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("shapes", help="the reference's cold/warm experiment",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("shapes", nargs="+", type=shape_arg,
-                        help="S, MxNxK or BxMxNxK (T: rhs transposed)")
-    parser.add_argument("--dtype", default="float32", type=dtype_arg,
-                        help="element type (default float32)")
+    add_shape_arguments(parser)
     parser.add_argument("--cache-dir", default=None,
                         help="folder in which a new, empty subfolder holds the experiment's "
                              "store; nothing else in it is touched (default: a new temp folder)")
