@@ -17,6 +17,7 @@ key or device, an unreadable table file).
 from __future__ import annotations
 
 import datetime
+import functools
 import sys
 
 import jax_autotune.config as config
@@ -68,12 +69,10 @@ def show_lines(rows: list[SummaryRow]) -> list[str]:
              format_seconds(row.xla_seconds), _ratio(row.speedup), _ratio(row.roofline_fraction),
              str(row.samples), _outcomes(row.outcomes))
             for row in rows if row.device == device]
-        widths = [max(len(line[i]) for line in cells) for i in range(len(SHOW_COLUMNS))]
         if lines:
             lines.append("")
         lines.append(f"device {device}: {len(cells) - 1} decisions")
-        for line in cells:
-            lines.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        lines.extend(_aligned(cells))
     return lines
 
 
@@ -113,25 +112,38 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
     if len(cells) == 1:
         lines.append("candidates none recorded (no benchmark ran for this key)")
         return lines
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    lines.append("")
-    for line in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-    return lines
+    return [*lines, "", *_aligned(cells)]
+
+
+def _aligned(cells: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as lines, each column padded to its widest cell."""
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
 
 
 # ---------------------------------------------------------------- commands
 
-def _error(message: str) -> int:
-    """A bad argument: the reason on one line, exit status 2."""
-    print(f"jax-autotune: {message}", file=sys.stderr)
-    return 2
+STORE_UNUSABLE, BAD_ARGUMENT = 1, 2  # exit statuses (EXIT_STATUS says them)
 
 
-def _store_error(message: str) -> int:
-    """The store cannot be used: the reason on one line, exit status 1."""
+def _error(message: str, status: int = BAD_ARGUMENT) -> int:
+    """The reason on one line (stderr); returns the exit status."""
     print(f"jax-autotune: {message}", file=sys.stderr)
-    return 1
+    return status
+
+
+def _using_database(write: bool, create: bool = True):
+    """Decorate a ``run_<command>``: say which database it uses and stop with
+    ``STORE_UNUSABLE`` when that cannot be read (``write``: and written) now."""
+    def decorate(run):
+        @functools.wraps(run)
+        def checked(args) -> int:
+            problem = _database(write, create)
+            if problem:
+                return _error(f"{run.__name__.removeprefix('run_')}: {problem}", STORE_UNUSABLE)
+            return run(args)
+        return checked
+    return decorate
 
 
 def _database(write: bool, create: bool = True) -> str:
@@ -151,20 +163,16 @@ def _current_table() -> TuneTable:
     return table(tuners=current_tuners())
 
 
+@_using_database(write=False)
 def run_show(args) -> int:
-    problem = _database(write=False)
-    if problem:
-        return _store_error(f"show: {problem}")
     rows = _current_table().summary_rows(device=args.device, key=args.key)
     for line in show_lines(rows):
         print(line)
     return 0
 
 
+@_using_database(write=False)
 def run_explain(args) -> int:
-    problem = _database(write=False)
-    if problem:
-        return _store_error(f"explain: {problem}")
     found = _current_table().find(args.key, device=args.device)
     if not found:
         return _error(f"explain: no decision matches key {args.key!r} "
@@ -181,23 +189,19 @@ def run_explain(args) -> int:
     return 0
 
 
+@_using_database(write=False)
 def run_export(args) -> int:
-    problem = _database(write=False)
-    if problem:
-        return _store_error(f"export: {problem}")
     exported = _current_table()
     try:
         path = exported.save(args.path)
     except OSError as err:
-        return _store_error(f"export: cannot write {args.path}: {err}")
+        return _error(f"export: cannot write {args.path}: {err}", STORE_UNUSABLE)
     print(f"exported {len(exported)} decisions of {len(exported.devices)} device(s) to {path}")
     return 0
 
 
+@_using_database(write=True)
 def run_import(args) -> int:
-    problem = _database(write=True)
-    if problem:
-        return _store_error(f"import: {problem}")
     tuners = current_tuners()
     try:
         imported = read_table(args.path, tuners=tuners)
@@ -206,8 +210,8 @@ def run_import(args) -> int:
     installed = install_table(imported, tuners=tuners)
     if not all(result.persisted for result in installed.values()):
         stores = ", ".join(sorted({str(t.store.path) for t in tuners}))
-        return _store_error(f"import: nothing written: the tune store {stores} cannot be written "
-                            f"(see the warning above)")
+        return _error(f"import: nothing written: the tune store {stores} cannot be written "
+                      f"(see the warning above)", STORE_UNUSABLE)
     for device, section in imported.devices.items():
         if device in installed:
             print(f"installed {installed[device].installed} decisions for {device}")
@@ -217,10 +221,8 @@ def run_import(args) -> int:
     return 0
 
 
+@_using_database(write=True, create=False)
 def run_clear(args) -> int:
-    problem = _database(write=True, create=False)
-    if problem:
-        return _store_error(f"clear: {problem}")
     if args.device is not None:
         known = sorted(set(stored_devices()) | {t.device.fingerprint for t in current_tuners()})
         if args.device not in known:

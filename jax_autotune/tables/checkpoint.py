@@ -3,7 +3,7 @@
 ``TuneTableSave(table)`` and ``TuneTableRestore(install=True)`` are orbax
 ``CheckpointArgs`` served by ``TuneTableHandler``, which writes the table as one JSON file
 (``tune_table.json``) in the item's directory and reads it back through the validating
-``TuneTable.loads``: nothing is ever pickled or unpickled.
+``load_table``: nothing is ever pickled or unpickled.
 
     >>> import orbax.checkpoint as ocp, jax_autotune as jat
     >>> from jax_autotune.checkpoint import TuneTableRestore, TuneTableSave
@@ -32,9 +32,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("jax_autotune.checkpoint needs orbax-checkpoint: "
                       "pip install 'jax_autotune[checkpoint]'") from err
 
-from jax_autotune.tables.install import install_table, known_sets
+from jax_autotune.tables.install import load_table
 from jax_autotune.tables.table_file import TuneTable
-from jax_autotune.tuners import current_tuners
 
 __all__ = ["TUNE_TABLE_FILENAME", "TuneTableHandler", "TuneTableRestore", "TuneTableSave"]
 
@@ -51,7 +50,7 @@ class TuneTableHandler(ocp.CheckpointHandler):
             raise TypeError(f"TuneTableSave.table: expected a jax_autotune TuneTable, "
                             f"got {type(tune_table).__name__}")
         if jax.process_index() == 0:
-            (directory / TUNE_TABLE_FILENAME).write_text(tune_table.dumps())
+            (directory / TUNE_TABLE_FILENAME).write_text(tune_table.dumps())  # an epath: maybe remote
 
     def restore(self, directory, args: "TuneTableRestore | None" = None,
                 item: Any = None) -> TuneTable:
@@ -59,11 +58,7 @@ class TuneTableHandler(ocp.CheckpointHandler):
         if not path.exists():
             raise FileNotFoundError(f"no tune table in the checkpoint item {directory} "
                                     f"(expected {TUNE_TABLE_FILENAME})")
-        tune_table = TuneTable.loads(path.read_bytes(), known=known_sets(current_tuners()),
-                                     origin=str(path))
-        if args is None or args.install:
-            install_table(tune_table)
-        return tune_table
+        return load_table(path, install=args is None or args.install)
 
     def metadata(self, directory) -> dict[str, Any] | None:
         path = directory / TUNE_TABLE_FILENAME

@@ -89,7 +89,7 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
         fingerprint, checksum = tuner.device.fingerprint, tuner.checksum
         sections[fingerprint] = (checksum, tuple(tuner.candidate_set.names()))
         found = decisions.setdefault(fingerprint, {})
-        for decision in tuner.decisions():
+        for decision in tuner.memory_decisions():  # its store's rows are read below
             if decision.source != "fallback" and decision.checksum in ("", checksum):
                 found.setdefault(decision.key, dataclasses.replace(
                     decision, device=fingerprint, checksum=checksum))

@@ -165,7 +165,7 @@ class TuneTable:
 
     def find(self, key: str, device: str | None = None) -> list[tuple[str, Decision]]:
         """The entries whose key matches ``key``: a key id or a compact key as ``show``
-        prints them, a canonical key string, or else any substring of a canonical string.
+        prints them, a canonical key string, or else as ``show --key`` matches (``matches``).
 
             >>> [d.winner for _, d in t.find("m=1024 n=1024 k=1024")]     # doctest: +SKIP
             ['xla_dot']
@@ -177,7 +177,7 @@ class TuneTable:
             found = [(fp, d) for fp, d in pairs if exact(d)]
             if found:
                 return found
-        return [(fp, d) for fp, d in pairs if text in d.key.canonical()]
+        return [(fp, d) for fp, d in pairs if matches(d.key, text)]
 
     def summary_rows(self, device: str | None = None, key: str | None = None) -> list[SummaryRow]:
         """One ``SummaryRow`` per entry, optionally of one device and of keys containing
@@ -258,8 +258,8 @@ class TuneTable:
             >>> TuneTable.load("tune_table.json")
             TuneTable(1 devices, 12 entries)
         """
-        path = Path(os.fspath(path))
-        with open(path, "rb") as f:
+        path = path if hasattr(path, "open") else Path(os.fspath(path))  # or an epath.Path
+        with path.open("rb") as f:
             raw = f.read(LIMITS["bytes of text"] + 1)
         return cls.loads(raw, known=known, origin=str(path))
 

@@ -272,13 +272,7 @@ class TuneStore:
     def _fail(self, err: BaseException, warn: bool = True) -> None:
         """Fall back to memory-only, warning once. Call with the lock held."""
         self._failed, self._error = True, f"{type(err).__name__}: {err}"
-        if self._conn is not None:
-            try:
-                if self._pid == os.getpid():
-                    self._conn.close()
-            except _DISK_ERRORS:
-                pass
-            self._conn = None
+        self.close()
         if warn and not self._warned_failure:
             self._warned_failure = True
             warnings.warn(f"jax_autotune: cannot use the tune store database {self._path}: "
@@ -347,24 +341,9 @@ class TuneStore:
         now = time.time()
         encoded = [(namespace, key, checksum, _encode(value), now)
                    for namespace, key, checksum, value in rows]
-        with self._lock:
-            try:
-                conn = self._connection(create=True)
-                if conn is None or self._read_only:
-                    return False
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany("INSERT OR REPLACE INTO entries (namespace, key, checksum, "
-                                     "value, updated) VALUES (?, ?, ?, ?, ?)", encoded)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(*_DISK_ERRORS):
-                        conn.execute("ROLLBACK")
-                    raise
-            except _DISK_ERRORS as err:
-                self._fail(err)
-                return False
-        return True
+        return self._transaction(lambda conn: conn.executemany(
+            "INSERT OR REPLACE INTO entries (namespace, key, checksum, value, updated) "
+            "VALUES (?, ?, ?, ?, ?)", encoded)) is not None
 
     def put_if_absent(self, namespace: str, key: str, checksum: str, value: dict,
                       keep: Callable[[dict], bool] = lambda value: True) -> tuple[dict, bool]:
@@ -376,7 +355,7 @@ class TuneStore:
             >>> store.put_if_absent(ns, "k1", "c1", {"winner": "b"})   # doctest: +SKIP
             ({'winner': 'a'}, False)
         """
-        text = json.dumps(value, sort_keys=True)
+        text = _encode(value)
 
         def body(conn):
             stored = self._kept(conn, namespace, key, checksum, keep)
@@ -450,7 +429,8 @@ class TuneStore:
                 try:
                     result = body(conn)
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    with contextlib.suppress(*_DISK_ERRORS):
+                        conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
                 return result

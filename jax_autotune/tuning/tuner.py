@@ -319,10 +319,14 @@ class Tuner:
             (self.namespace, d.key.canonical(), self.checksum, d.to_json()) for d in accepted)
         return Installed(len(accepted), tuple(rejected.values()), persisted)
 
+    def memory_decisions(self) -> list[Decision]:
+        """The decisions this tuner holds in memory (tuned, installed or read this process)."""
+        with self._lock:
+            return list(self._memory.values())
+
     def decisions(self) -> list[Decision]:
         """Every decision this tuner knows: memory, then the store's for this device."""
-        with self._lock:
-            known = dict(self._memory)
+        known = {d.key: d for d in self.memory_decisions()}
         for entry in self.store.entries(self.namespace):
             if entry.checksum != self.checksum:
                 continue
