@@ -130,12 +130,23 @@ def _run_child(args: list, env: dict, timeout_s: float) -> dict:
     return found
 
 
+def interleaved_device_us(fns, args, rounds: int = ROUNDS) -> list[float]:
+    """Median CUPTI device time in us of each JAX function, in alternating rounds so that
+    clock and temperature drift weigh on all alike."""
+    from jax.experimental.mosaic.gpu import profiler
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, out in zip(fns, samples):
+            _, ms = profiler.measure(fn, iterations=ITERATIONS)(*args)
+            out.extend(t * 1e3 for t in (ms if isinstance(ms, (list, tuple)) else [ms]))
+    return [statistics.median(s) for s in samples]
+
+
 def _exhaustive_child(cases: list) -> None:
     """In the child: one JSON line per shape as soon as it is measured."""
     import jax
     import jax.numpy as jnp
     from jax import lax
-    from jax.experimental.mosaic.gpu import profiler
 
     for dtype, batch, m, n, k, transpose_b in cases:
         lead = (batch,) if batch > 1 else ()
@@ -145,12 +156,9 @@ def _exhaustive_child(cases: list) -> None:
         start = time.perf_counter()
         compiled = jax.jit(lambda x, y: lax.dot_general(x, y, dims, preferred_element_type=x.dtype)).lower(a, b).compile()
         compile_s = time.perf_counter() - start
-        times = []
-        for _ in range(ROUNDS):
-            _, ms = profiler.measure(compiled, iterations=ITERATIONS)(a, b)
-            times.extend(ms if isinstance(ms, (list, tuple)) else [ms])
+        us, = interleaved_device_us([compiled], (a, b))
         print(json.dumps({"case": [dtype, batch, m, n, k, transpose_b], "compile_s": compile_s,
-                          "us": statistics.median(times) * 1e3}), flush=True)
+                          "us": us}), flush=True)
 
 
 def xla_exhaustive(cases: list, budget_s: float) -> dict:

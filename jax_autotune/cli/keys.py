@@ -67,11 +67,20 @@ def add_shape_arguments(parser) -> None:
                         help="element type (default float32)")
 
 
-def key_of(text: str, dtype: str, level: str | None) -> MatmulKey:
+def operand_shapes(text: str) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(lhs shape, rhs shape as stored, transpose_b) of a shape argument.
+
+        >>> operand_shapes("4x8x16x32T")
+        ((4, 8, 32), (4, 16, 32), True)
+    """
     batch, m, n, k, transpose_b = parse_shape(text)
     lead = (batch,) if batch > 1 else ()
-    lhs = jax.ShapeDtypeStruct((*lead, m, k), dtype)
-    rhs = jax.ShapeDtypeStruct((*lead, n, k) if transpose_b else (*lead, k, n), dtype)
+    return (*lead, m, k), ((*lead, n, k) if transpose_b else (*lead, k, n)), transpose_b
+
+
+def key_of(text: str, dtype: str, level: str | None) -> MatmulKey:
+    lhs_shape, rhs_shape, transpose_b = operand_shapes(text)
+    lhs, rhs = (jax.ShapeDtypeStruct(shape, dtype) for shape in (lhs_shape, rhs_shape))
     return key_for(lhs, rhs, transpose_b=transpose_b, level=level)
 
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.api import dot_general, matmul
-from jax_autotune.cli.keys import add_shape_arguments, parse_shape
+from jax_autotune.cli.keys import add_shape_arguments, operand_shapes
 from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
 
@@ -40,10 +40,9 @@ def _measure_child(shapes: list[str], dtype: str) -> list[dict]:
     rng = np.random.default_rng(0)
     rows = []
     for text in shapes:
-        batch, m, n, k, transpose_b = parse_shape(text)
-        lead = (batch,) if batch > 1 else ()
-        a = jnp.asarray(rng.standard_normal((*lead, m, k)), dtype)
-        b = jnp.asarray(rng.standard_normal((*lead, n, k) if transpose_b else (*lead, k, n)), dtype)
+        lhs_shape, rhs_shape, transpose_b = operand_shapes(text)
+        a = jnp.asarray(rng.standard_normal(lhs_shape), dtype)
+        b = jnp.asarray(rng.standard_normal(rhs_shape), dtype)
         jax.block_until_ready((a, b))
         if transpose_b:
             f = jax.jit(lambda x, y: dot_general(x, y, (((x.ndim - 1,), (y.ndim - 1,)),

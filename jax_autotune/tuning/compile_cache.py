@@ -77,11 +77,6 @@ def disable() -> None:
         _ours = None
 
 
-def in_use() -> str | None:
-    """The directory this package pointed JAX at, or None."""
-    return _ours
-
-
 def clear(directory: str) -> int:
     """Delete the cache files in ``directory`` (this package's folder for a store, never a
     folder the user gave JAX); returns how many were deleted.
