@@ -184,7 +184,7 @@ def main() -> None:
 
     # compiles of the last key's plan: serial (profiled) against threads
     plan = make_plan(tuner.candidate_set, problem.key(), tuner.device)
-    candidates = [plan.baseline] + [c for r in plan.rounds for c in r.candidates]
+    candidates = [plan.baseline] + [c for r in plan.runnable for c in r.candidates]
     operands = random_operands(problem, tuner._jax_device(), seed=3)
     profile = cProfile.Profile()
     profile.enable()

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jax_autotune.tuning.device import DeviceInfo  # noqa: E402
+from jax_autotune.tuning.device import device_info  # noqa: E402
 from jax_autotune.kernels.gpu import mosaic as mosaic_kernels  # noqa: E402
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set  # noqa: E402
 from jax_autotune.key import Precision  # noqa: E402
@@ -55,14 +55,6 @@ EXTRA = [(1, 1000, 1000, 1000, "float32", "HIGHEST", False, False),
 TOLERANCE = {("bfloat16", "DEFAULT"): 1e-2, ("float32", "DEFAULT"): 3e-3,
              ("float32", "HIGHEST"): 1e-5}
 ITERATIONS = 20
-
-
-def device_info() -> DeviceInfo:
-    dev = jax.devices()[0]
-    cc = getattr(dev, "compute_capability", None)
-    capability = tuple(int(x) for x in str(cc).split(".")[:2]) if cc else None
-    memory = (dev.memory_stats() or {}).get("bytes_limit", 0) if dev.platform == "gpu" else 0
-    return DeviceInfo(dev.platform, dev.device_kind, int(memory), capability, frozenset())
 
 
 def plan_for(cset, device, key):
@@ -323,7 +315,7 @@ def main():
                         help="comma list of groups whose every member also runs (marked x)")
     args = parser.parse_args()
     started = time.perf_counter()
-    device = device_info()
+    device = device_info(jax.devices()[0])
     print(f"jax {jax.__version__}; {device}; mosaic available={mosaic_kernels.AVAILABLE} "
           f"{mosaic_kernels.IMPORT_ERROR or ''}", flush=True)
     if args.experiment:

@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 import jax_autotune.config as config
-from jax_autotune.kernels.xla import dimension_numbers, lax_precision, xla_dot
+from jax_autotune.kernels.xla import XLA_DOT, dimension_numbers, lax_precision, xla_dot
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import ShardKernels, lowering_targets_many_devices, partitioned_matmul
 from jax_autotune.tuners import has_devices, tuner_for
@@ -135,7 +135,7 @@ def _lowering(platform: str):
         if candidate.fn is xla_dot:
             return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
         try:
-            return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, candidate.fn, problem=problem))
+            return _emit(ctx, lhs, rhs, candidate.bound(problem))
         except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem
             # (its wrapper refuses it while tracing, before emitting anything): XLA's dot
             warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower "
@@ -150,12 +150,8 @@ def _for_export(ctx) -> bool:
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
-def _call_candidate(fn, lhs, rhs, *, problem):
-    return fn(lhs, rhs, problem)
-
-
 def _xla_lowering(ctx, lhs, rhs, *, problem, key, out_sharding):
-    return _emit(ctx, lhs, rhs, functools.partial(_call_candidate, xla_dot, problem=problem))
+    return _emit(ctx, lhs, rhs, XLA_DOT.bound(problem))
 
 
 # ---------------------------------------------------------------- autodiff

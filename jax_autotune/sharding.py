@@ -148,11 +148,7 @@ class ShardKernels:
         tuner = tuner_for(self.platform)
         decision = tuner.select(shard, shard.key(config.get("level")))
         candidate = tuner.candidate(decision.winner)
-        return functools.partial(_call, candidate.fn, problem=shard)
-
-
-def _call(fn, lhs, rhs, *, problem):
-    return fn(lhs, rhs, problem)
+        return candidate.bound(shard)
 
 
 def _checked(kernels: Callable, shard: MatmulProblem, whole: MatmulProblem) -> Callable:

@@ -31,6 +31,7 @@ from jax_autotune.tuning.tuner import Tuner
 
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
 _store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment) each tuner uses
+_compile_settings: tuple | None = None  # the (cache, cache_dir, compilation_cache) in effect
 _tuners_lock = threading.Lock()
 _warned_native = False
 
@@ -83,16 +84,22 @@ def candidate_set_for(device: DeviceInfo) -> CandidateSet:
 
 
 def _current_store_settings() -> tuple:
-    return (config.get("cache"), config.get("cache_dir"), config.get("environment"),
-            config.get("compilation_cache"))
+    return (config.get("cache"), config.get("cache_dir"), config.get("environment"))
 
 
-def _use_compilation_cache(settings: tuple) -> None:
-    cache, cache_dir, _, compilation = settings
+def _follow_compilation_cache_setting() -> None:
+    """Point JAX's compilation cache beside the store, or stop, when the settings changed
+    (one process-wide cache, whatever the platform)."""
+    global _compile_settings
+    settings = (config.get("cache"), config.get("cache_dir"), config.get("compilation_cache"))
+    if settings == _compile_settings:
+        return
+    cache, cache_dir, compilation = settings
     if cache and compilation:
         compile_cache.enable(compile_cache.directory_for(cache_dir))
     else:
         compile_cache.disable()
+    _compile_settings = settings
 
 
 def _build(platform: str) -> Tuner:
@@ -131,9 +138,8 @@ def tuner_for(platform: str) -> Tuner:
             tuner = _tuners[platform] = _build(platform)
         elif previous != settings:
             tuner.use_store(open_store())
-        if previous != settings:
-            _use_compilation_cache(settings)
         _store_settings[platform] = settings
+        _follow_compilation_cache_setting()
         return tuner
 
 
@@ -151,7 +157,8 @@ def current_tuners() -> list[Tuner]:
 
 def _use_compilation_cache_at_import() -> None:
     try:
-        _use_compilation_cache(_current_store_settings())
+        with _tuners_lock:
+            _follow_compilation_cache_setting()
     except config.ConfigError as err:  # a bad setting is reported where it is used
         warnings.warn(f"jax_autotune: JAX's compilation cache not set up: {err}", stacklevel=2)
 
@@ -165,8 +172,10 @@ def reset_tuners() -> None:
     Tests use it for a clean slate; a changed ``cache``, ``cache_dir`` or ``environment``
     needs no reset (``tuner_for`` switches stores).
     """
+    global _compile_settings
     with _tuners_lock:
         for tuner in _tuners.values():
             tuner.store.close()
         _tuners.clear()
         _store_settings.clear()
+        _compile_settings = None

@@ -137,16 +137,16 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
            transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
            platform: str | None = None, progress: bool | None = None) -> WarmupReport:
     """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``."""
-    if callable(shapes_or_fn) and _spans_devices(example_args):
-        return _warmup_by_compiling(shapes_or_fn, example_args, grad)
     if callable(shapes_or_fn):
-        fn = shapes_or_fn
-        pairs = matmul_problems(jax.make_jaxpr(fn)(*example_args))
+        fns = [shapes_or_fn]
         if grad:
             if not example_args:
                 raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
-            pairs += matmul_problems(jax.make_jaxpr(jax.grad(_first_output(fn)))(*example_args))
-        work = list(dict.fromkeys(pairs))
+            fns.append(jax.grad(_first_output(shapes_or_fn)))
+        if _spans_devices(example_args):
+            return _warmup_by_compiling(fns, example_args)
+        work = list(dict.fromkeys(pair for fn in fns
+                                  for pair in matmul_problems(jax.make_jaxpr(fn)(*example_args))))
     else:
         if example_args:
             raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
@@ -183,15 +183,13 @@ def _spans_devices(args) -> bool:
     return False
 
 
-def _warmup_by_compiling(fn: Callable, example_args: tuple, grad: bool) -> WarmupReport:
-    """Compile ``jax.jit(fn)`` (and its grad) for sharded arguments: XLA's partitioner asks
-    for every per-shard key while it compiles, and the tuner decides each."""
+def _warmup_by_compiling(fns: list[Callable], example_args: tuple) -> WarmupReport:
+    """Compile ``jax.jit(fn)`` of each fn for sharded arguments: XLA's partitioner asks for
+    every per-shard key while it compiles, and the tuner of the arguments' devices decides
+    each (so ``platform`` does not apply, and there is no progress bar)."""
     with record_decisions() as asked:
-        jax.jit(fn).lower(*example_args).compile()
-        if grad:
-            if not example_args:
-                raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
-            jax.jit(jax.grad(_first_output(fn))).lower(*example_args).compile()
+        for fn in fns:
+            jax.jit(fn).lower(*example_args).compile()
     by_key: dict[MatmulKey, Decision] = {}
     for decision in asked:
         by_key.setdefault(decision.key, decision)

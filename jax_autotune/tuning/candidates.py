@@ -18,6 +18,7 @@ it emits and whether jax.export takes it (``tuning.export_safety``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any, Callable, Mapping
@@ -58,6 +59,17 @@ class Candidate:
             True
         """
         return export_safety.check(self, problem, platform)
+
+    def bound(self, problem: MatmulProblem) -> Callable[[Any, Any], Any]:
+        """``fn(lhs, rhs)``: this kernel for ``problem``, to jit or lower.
+
+            >>> jax.jit(XLA_DOT.bound(problem))(lhs, rhs)
+        """
+        return functools.partial(_run, self.fn, problem=problem)
+
+
+def _run(fn: KernelFn, lhs, rhs, *, problem: MatmulProblem):
+    return fn(lhs, rhs, problem)
 
 
 @dataclasses.dataclass(frozen=True)

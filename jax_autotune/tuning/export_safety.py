@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
-import time
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -80,7 +78,6 @@ class ExportSafety:
     targets: frozenset[str]
     unsafe: frozenset[str]
     error: str = ""
-    seconds: float = 0.0  # what the check cost
 
     @property
     def safe(self) -> bool:
@@ -113,8 +110,7 @@ def check(candidate, problem, platform: str) -> ExportSafety:
     with _cache_lock:
         if cache_key in _cache:
             return _cache[cache_key]
-    start = time.perf_counter()
-    fn = functools.partial(_call, candidate.fn, problem=problem)
+    fn = candidate.bound(problem)
     operands = (jax.ShapeDtypeStruct(problem.lhs_shape, np.dtype(problem.lhs_dtype)),
                 jax.ShapeDtypeStruct(problem.rhs_shape, np.dtype(problem.rhs_dtype)))
     try:
@@ -125,7 +121,6 @@ def check(candidate, problem, platform: str) -> ExportSafety:
         safety = ExportSafety(frozenset(targets), frozenset(unsafe))
     except Exception as err:  # noqa: BLE001 - a candidate that cannot lower is never exported
         safety = ExportSafety(frozenset(), frozenset(), error=f"{type(err).__name__}: {err}"[:300])
-    safety = dataclasses.replace(safety, seconds=time.perf_counter() - start)
     with _cache_lock:
         _checks += 1
         return _cache.setdefault(cache_key, safety)
@@ -143,10 +138,6 @@ def _refused(fn, operands, platform: str, targets: frozenset[str]) -> frozenset[
             return targets
         raise
     return frozenset()
-
-
-def _call(fn, lhs, rhs, *, problem):
-    return fn(lhs, rhs, problem)
 
 
 # ---------------------------------------------------------------- the opt-in

@@ -105,7 +105,7 @@ def runs_kernels_while_compiling(lowered) -> bool:
 
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
-    lowered = jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args)
+    lowered = jax.jit(candidate.bound(problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
         with DEVICE_LOCK.exclusive():
             compiled = lowered.compile()

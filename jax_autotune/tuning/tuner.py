@@ -100,6 +100,8 @@ def record_decisions():
 
 
 def _record(decision: Decision) -> Decision:
+    if not _recorders:  # the common case, without the lock: nobody is recording
+        return decision
     with _recorders_lock:
         for asked in _recorders:
             asked.append(decision)
@@ -133,7 +135,7 @@ class Tuner:
         self.jax_device = jax_device
         self.timer = timer or timer_for(device.platform)
         self.store = store if store is not None else open_store()
-        self.rules = rules
+        self.rules = rules or DEFAULT_RULES
         self.clock = clock
         self.probes = probes or Probes(device, jax_device, self.timer, self.store, native,
                                        baseline=candidate_set.baseline)
@@ -151,9 +153,8 @@ class Tuner:
     def lookup(self, key: MatmulKey) -> Decision | None:
         """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
         with self._lock:
-            if key in self._memory:
-                return self._memory[key]
-            return self._from_store(key)[0]
+            found = self._memory.get(key)
+        return found if found is not None else self._from_store(key)[0]
 
     def unusable(self, decision: Decision, key: MatmulKey | None = None) -> str:
         """Why ``decision``'s winner cannot run ``key`` (default: the decision's) here, or
@@ -249,14 +250,13 @@ class Tuner:
             raise KeyNotTunedError(_require_message(key, problem))
         if job is None and mode == "cached":
             return self._fallback(key, problem, "mode cached: key not in the table"), False
-        rules = self.rules or DEFAULT_RULES
-        wait = rules.peer_wait(rules.budget_seconds or config.get("budget_seconds"))
+        wait = self.rules.peer_wait(self._budget())
         fallback = functools.partial(self._fallback, key, problem)
         tune = functools.partial(self._tune, key, problem)
         usable = functools.partial(self._usable, key=key)
         if job is None:
             decision, how = decide_on_host(self.store, self.namespace, key.canonical(), self.checksum,
-                                           tune, fallback, rules.claim_lease_seconds, wait, usable=usable)
+                                           tune, fallback, self.rules.claim_lease_seconds, wait, usable=usable)
         else:
             propose = (lambda: stored) if stored is not None else (
                 (lambda: fallback("mode cached: key not in the table")) if mode == "cached" else tune)
@@ -367,8 +367,7 @@ class Tuner:
         if not plan.runnable:  # nothing to compare: XLA's dot, without a benchmark or probes
             return Decision(winner=plan.baseline.name, results=tuple(unsupported.values()),
                             reason=plan.reason or "no other candidate can run this key", **fields)
-        rules = self.rules or DEFAULT_RULES
-        budget = rules.budget_seconds or config.get("budget_seconds")  # a bad setting raises
+        budget = self._budget()
         counters.bump("tuned")
         try:
             with jax.transfer_guard("allow"):
@@ -381,9 +380,13 @@ class Tuner:
         finally:
             counters.bump("tuning_seconds", self.clock() - started)
 
+    def _budget(self) -> float:
+        """Seconds a key's tuning may take: the rules', else the setting (a bad one raises)."""
+        return self.rules.budget_seconds or config.get("budget_seconds")
+
     def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict,
                    budget: float, unsupported: dict[str, CandidateResult]) -> Decision:
-        rules = self.rules or DEFAULT_RULES
+        rules = self.rules
         phases = PhaseClock(time.perf_counter)
         with phases("operands"):
             inputs = random_operands(problem, self._jax_device())

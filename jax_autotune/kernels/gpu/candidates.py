@@ -1,6 +1,6 @@
 """The GPU candidate set: XLA's dot, Mosaic GPU wgmma and Pallas Triton kernels.
 
-    >>> from jax_autotune.tuning.device import H200_SM_COUNT, DeviceInfo
+    >>> from jax_autotune.tuning.device import DeviceInfo
     >>> h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
     >>> candidate_set = gpu_candidate_set(h200)
     >>> candidate_set.baseline.name
@@ -44,12 +44,12 @@ import functools
 import numpy as np
 
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
-from jax_autotune.tuning.device import H200_SM_COUNT, DeviceInfo
+from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import mosaic
 from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
 from jax_autotune.kernels.gpu.padded import padded, padded_problem
-from jax_autotune.kernels.gpu.sizes import cdiv, round_up
+from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv, round_up
 from jax_autotune.kernels.gpu.triton import (
     GemmConfig, VectorConfig, gemm, shared_memory_bytes, split_k_extent, tile_count,
     vector_matmul,
@@ -170,7 +170,7 @@ def narrow_block(key: MatmulKey) -> int:
 
 def is_misaligned(key: MatmulKey) -> bool:
     """A row stride that is not a multiple of 16 bytes: every GEMM loads narrowly."""
-    return key.kind == Kind.GENERAL and min(key.lhs_stride_factor, key.rhs_stride_factor) < 4
+    return key.kind == Kind.GENERAL and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) < ROW_ALIGN_BYTES
 
 
 def is_split_k_shape(key: MatmulKey) -> bool:
@@ -239,7 +239,7 @@ def _memory_seconds(problem: MatmulProblem, extra_bytes: float = 0.0) -> float:
     return (moved + extra_bytes) / _BANDWIDTH
 
 
-def gemm_cost(config: GemmConfig, problem: MatmulProblem, sms: int = H200_SM_COUNT) -> float:
+def gemm_cost(config: GemmConfig, problem: MatmulProblem, sms: int) -> float:
     """Seconds: whole waves of padded tiles at 70% of peak, or the bytes, plus a launch."""
     waves = cdiv(tile_count(problem, config), sms)
     k_extent = split_k_extent(problem.k, config) if config.split_k > 1 else problem.k
@@ -256,7 +256,7 @@ def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
     return _memory_seconds(problem) / 0.8 + _LAUNCH_S
 
 
-def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int = H200_SM_COUNT) -> float:
+def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int) -> float:
     cta_m, cta_n = config.cta_tile
     tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
     waves = cdiv(tiles, sms)
@@ -283,7 +283,7 @@ def _padded_xla_cost(align: int, problem: MatmulProblem, misaligned_only: bool =
 
 
 def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem,
-                sms: int = H200_SM_COUNT) -> float:
+                sms: int) -> float:
     """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
     big = dataclasses.replace(problem, k=round_up(problem.k, config.block_k))
     moved = packing_bytes(problem, config.block_k, k_major)

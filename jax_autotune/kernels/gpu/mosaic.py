@@ -26,6 +26,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from jax_autotune.kernels.gpu.sizes import pad_to, round_up
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.device import shared_memory_for_capability
 
@@ -138,13 +139,11 @@ def mosaic_matmul(lhs, rhs, problem: MatmulProblem, config: MosaicConfig):
     if reason:
         raise ValueError(f"mosaic_matmul {config.name}: {reason}")
     cta_m = config.cta_tile[0]
-    padded_m = -(-problem.m // cta_m) * cta_m
+    padded_m = round_up(problem.m, cta_m)
     tuning = _tuning_config(config)
     outs = []
     for b in range(problem.batch):
-        a = lhs[b]
-        if padded_m != problem.m:
-            a = jnp.pad(a, ((0, padded_m - problem.m), (0, 0)))
+        a = pad_to(lhs[b], (padded_m, problem.k))
         out = _hopper.matmul(a, rhs[b], None, tuning)
         outs.append(out[:problem.m])
     return jnp.stack(outs).astype(problem.out_dtype)

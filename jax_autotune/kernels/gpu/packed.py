@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_autotune.kernels.gpu.sizes import pad_to, round_up
+from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, misaligned, pad_to, round_up
 from jax_autotune.kernels.gpu.triton import GemmConfig, dot_precision, gemm_call
 from jax_autotune.problem import MatmulProblem
 
@@ -36,7 +36,7 @@ def packed_operands(lhs, rhs, problem: MatmulProblem, block_k: int, k_major: boo
     axis of a non-K-major operand is padded to 16 bytes so its rows stay aligned.
     """
     item = jnp.dtype(problem.lhs_dtype).itemsize
-    row_align = max(16 // item, 1)
+    row_align = max(ROW_ALIGN_BYTES // item, 1)
     big_k = round_up(problem.k, block_k)
     b, m, n = problem.batch, problem.m, problem.n
 
@@ -70,9 +70,9 @@ def packing_bytes(problem: MatmulProblem, block_k: int, k_major: bool) -> int:
     b, m, n, k = problem.batch, problem.m, problem.n, problem.k
     ragged_k = k % block_k != 0
     moved = 0
-    if ragged_k or (problem.transpose_a and k_major) or (problem.transpose_a and m * item % 16):
+    if ragged_k or (problem.transpose_a and k_major) or (problem.transpose_a and misaligned(m, item)):
         moved += 2 * b * m * round_up(k, block_k) * item
-    if ragged_k or (not problem.transpose_b and (k_major or n * item % 16)):
+    if ragged_k or (not problem.transpose_b and (k_major or misaligned(n, item))):
         moved += 2 * b * n * round_up(k, block_k) * item
     return moved
 

@@ -18,10 +18,8 @@ import dataclasses
 import numpy as np
 from jax import lax
 
-from jax_autotune.kernels.gpu.sizes import pad_to, round_up
+from jax_autotune.kernels.gpu.sizes import misaligned, pad_to, round_up
 from jax_autotune.problem import MatmulProblem
-
-ROW_ALIGN_BYTES = 16  # what vectorised GPU loads and stores need of a row stride
 
 
 def padded_problem(problem: MatmulProblem, align: int, misaligned_only: bool = False) -> MatmulProblem:
@@ -34,9 +32,6 @@ def padded_problem(problem: MatmulProblem, align: int, misaligned_only: bool = F
                                    n=round_up(problem.n, align), k=round_up(problem.k, align))
     lhs_item, rhs_item = (np.dtype(d).itemsize for d in (problem.lhs_dtype, problem.rhs_dtype))
     out_item = np.dtype(problem.out_dtype).itemsize
-
-    def misaligned(size: int, itemsize: int) -> bool:
-        return size * itemsize % ROW_ALIGN_BYTES != 0
 
     # each operand's innermost stored axis is its row stride
     pad_m = problem.transpose_a and misaligned(problem.m, lhs_item)
@@ -71,4 +66,4 @@ def padded(fn, align: int, barrier: bool = False, misaligned_only: bool = False)
     return kernel
 
 
-__all__ = ["ROW_ALIGN_BYTES", "padded", "padded_problem"]
+__all__ = ["padded", "padded_problem"]

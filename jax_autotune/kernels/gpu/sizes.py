@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+ROW_ALIGN_BYTES = 16  # what vectorised GPU loads and stores need of a row stride
+
 
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ints."""
@@ -19,6 +21,11 @@ def cdiv(a: int, b: int) -> int:
 def round_up(x: int, multiple: int) -> int:
     """The smallest multiple of ``multiple`` at or above ``x``."""
     return cdiv(x, multiple) * multiple
+
+
+def misaligned(size: int, itemsize: int) -> bool:
+    """Whether a row of ``size`` elements of ``itemsize`` bytes breaks ``ROW_ALIGN_BYTES``."""
+    return size * itemsize % ROW_ALIGN_BYTES != 0
 
 
 def pad_to(x, shape):
