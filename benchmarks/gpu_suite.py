@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the device
 
 import peers  # noqa: E402
-from report import geomean, write_results  # noqa: E402
+from report import child_result, geomean, write_results  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,9 +246,7 @@ def main() -> None:
     rows = run_cold(args, exhaustive, torch)
     warm = {}
     try:
-        done = subprocess.run([sys.executable, __file__, "--phase", "warm", "--subset", args.subset],
-                              capture_output=True, text=True, timeout=300, env=dict(os.environ))
-        warm = json.loads(done.stdout.strip().splitlines()[-1])
+        warm = child_result(__file__, ["--phase", "warm", "--subset", args.subset], dict(os.environ), 300)
     except Exception as err:  # noqa: BLE001 - the cold table stands on its own
         print(f"warm phase failed: {err}", flush=True)
     command = "python benchmarks/gpu_suite.py " + " ".join(sys.argv[1:])

@@ -5,8 +5,8 @@
 #   bench    the GPU suite with its peers
 #   model    the model step (plain, per layer, autotune)
 #     bash benchmarks/h200_run.sh OUTDIR tests
-# The package is built and installed once per run. The machine has no network: packages it
-# lacks travel as wheels in .whl/ (platformdirs).
+# The package is built and installed once per run. Wheels put in .whl/ (packages the machine
+# lacks, e.g. platformdirs) are installed first, offline.
 set -u
 out=$(mkdir -p "${1:?OUTDIR}" && cd "$1" && pwd)
 parts=${2:-tests}

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from report import write_results
+from report import child_result, write_results
 
 VARIANTS = ("plain", "layers", "autotune")
 
@@ -140,14 +140,12 @@ def main() -> None:
     rows = []
     for variant in VARIANTS:
         env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{variant}_"))
-        child = [sys.executable, __file__, "--variant", variant] + [
+        child = ["--variant", variant] + [
             f"--{name}={getattr(args, name)}" for name in ("layers", "d", "heads", "vocab", "batch", "seq", "steps")]
         try:
-            done = subprocess.run(child, capture_output=True, text=True, timeout=args.timeout_s, env=env)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
-                        else {"variant": variant, "error": done.stderr[-2000:]})
-        except (subprocess.TimeoutExpired, IndexError, ValueError) as err:
-            rows.append({"variant": variant, "error": f"{type(err).__name__}: {err}"})
+            rows.append(child_result(__file__, child, env, args.timeout_s))
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+            rows.append({"variant": variant, "error": f"{type(err).__name__}: {err}"[-2000:]})
         print(json.dumps(rows[-1]), flush=True)
     import jax
     command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])

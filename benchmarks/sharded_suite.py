@@ -21,12 +21,11 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from report import write_results
+from report import child_result, write_results
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 LAYOUTS = ("data-parallel", "tensor-parallel")
@@ -66,8 +65,9 @@ def run_case(layout: str, variant: str, args) -> dict:
     report = None
     if variant == "tuned":
         start = time.perf_counter()
-        report = jat.warmup(lambda p, x, y: loss(p, x, y), params, x, y, grad=True)
+        report = jat.warmup(loss, params, x, y, grad=True)
         warmup_s = time.perf_counter() - start
+        tuned_by_warmup = jat.stats()["tuned"]
     compiled = jax.jit(step).lower(params, x, y).compile()
     hlo = compiled.as_text()
     value = None
@@ -86,7 +86,7 @@ def run_case(layout: str, variant: str, args) -> dict:
            "device": str(devices[0].device_kind)}
     if report is not None:
         row.update(warmup_s=warmup_s, tuned_keys=[f"{e.problem.describe()} -> {e.winner}" for e in report],
-                   tuned_after_warmup=jat.stats()["tuned"] - len(report))
+                   tuned_after_warmup=jat.stats()["tuned"] - tuned_by_warmup)
     return row
 
 
@@ -112,12 +112,9 @@ def main() -> None:
                        env.get("XLA_FLAGS", "").split()):
                 env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                                     f" --xla_force_host_platform_device_count={args.devices}").strip()
-            child = [sys.executable, __file__, f"--case={layout}:{variant}"] + [
+            child = [f"--case={layout}:{variant}"] + [
                 f"--{name}={getattr(args, name)}" for name in ("devices", "batch", "d", "hidden", "steps")]
-            done = subprocess.run(child, capture_output=True, text=True, env=env, timeout=600)
-            if done.returncode != 0:
-                raise RuntimeError(f"{layout} {variant} failed:\n{done.stderr[-3000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append(child_result(__file__, child, env, timeout_s=600))
             print(json.dumps(rows[-1]), flush=True)
     import jax
     command = "python benchmarks/sharded_suite.py " + " ".join(sys.argv[1:])

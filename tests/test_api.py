@@ -10,6 +10,8 @@ import jax_autotune as jat
 from jax_autotune import config, primitive
 from jax_autotune.tuning import counters
 from jax_autotune.key import Layout
+from jax_autotune.warmup import equations
+from numerics import rel_error
 
 RNG = np.random.default_rng(20261129)
 TOL = {"float32": 2e-5, "float64": 1e-12, "bfloat16": 3e-2, "float16": 1e-2}
@@ -17,11 +19,6 @@ TOL = {"float32": 2e-5, "float64": 1e-12, "bfloat16": 3e-2, "float16": 1e-2}
 
 def rand(shape, dtype="float32"):
     return jnp.asarray(RNG.standard_normal(shape), dtype=dtype)
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
 def f64_matmul(a, b):
@@ -285,7 +282,7 @@ ZERO_SIZE = [((0, 48), (48, 32)), ((5, 0), (0, 3)), ((5, 4), (4, 0)), ((0, 5, 4)
 
 
 def bound_primitives(fn, *args) -> list:
-    return [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive is primitive.matmul_p]
+    return [e for e in equations(jax.make_jaxpr(fn)(*args)) if e.primitive is primitive.matmul_p]
 
 
 @pytest.mark.parametrize("a_shape, b_shape", ZERO_SIZE)

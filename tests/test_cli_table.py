@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import pytest
@@ -125,13 +124,13 @@ def test_clear_of_an_unknown_device_is_an_error_listing_the_known_ones(tuner, ca
 
 @pytest.mark.parametrize("argv", [["keys", "12x"], ["keys", "512", "--dtype", "float8"],
                                   ["shapes", "abc"], ["keys", "0"], ["shapes", "64", "--dtype", "bf16"]])
-def test_bad_arguments_are_usage_errors_with_one_line(capsys, argv):
+def test_bad_arguments_are_usage_errors_with_one_line(capsys, argv):  # the bad token is last
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
     _, err = capsys.readouterr()
     assert info.value.code == 2
     [line] = [line for line in err.splitlines() if "error:" in line]
-    assert repr(argv[1] if argv[0] == "shapes" and argv[1] == "abc" else argv[-1]) in line
+    assert repr(argv[-1]) in line
     assert "Traceback" not in err
 
 
@@ -180,8 +179,7 @@ def test_help_texts_have_no_double_backticks():
 
 
 def test_show_into_a_closed_pipe_ends_quietly(tuner, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2]),
-           "JAX_AUTOTUNE_CACHE_DIR": str(open_store().path.parent)}
+    env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(open_store().path.parent)}
     with subprocess.Popen([sys.executable, "-P", "-m", "jax_autotune", "show"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         proc.stdout.close()  # the reader is gone before anything is written (`show | head -0`)

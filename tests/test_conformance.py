@@ -16,6 +16,8 @@ from jax_autotune.key import MatmulKey, Precision
 from jax_autotune.kernels.xla import lax_precision
 from jax_autotune.problem import key_precision, problem_for
 from jax_autotune.tuners import tuner_for
+from jax_autotune.warmup import equations
+from numerics import rel_error
 
 RNG = np.random.default_rng(17)
 DIMS = (((1,), (0,)), ((), ()))
@@ -42,11 +44,6 @@ def rand(shape, dtype="float32"):
     return jnp.asarray(RNG.standard_normal(shape), dtype=dtype)
 
 
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
 def tolerance(*dtypes):
     return max(TOL.get(str(jnp.dtype(d)), 0.0) for d in dtypes)
 
@@ -69,7 +66,8 @@ def run(fn, *args):
 
 
 def matmul_eqns(jaxpr):
-    return [e for e in jaxpr.jaxpr.eqns if e.primitive is primitive.matmul_p]
+    """The tuned matmuls of a jaxpr, nested jaxprs included."""
+    return [e for e in equations(jaxpr) if e.primitive is primitive.matmul_p]
 
 
 def dot_result_dtypes(fn, *args):

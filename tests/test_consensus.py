@@ -57,6 +57,7 @@ class FakeKV:
     def key_value_increment(self, key, amount):
         with self.changed:
             self.values[key] = str(int(self.values.get(key, "0")) + amount)
+            self.changed.notify_all()
             return int(self.values[key])
 
     def blocking_key_value_get(self, key, timeout_ms):
@@ -73,6 +74,7 @@ def run_in_threads(count, target):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+        assert not thread.is_alive(), "a thread did not finish within 60 s"
     return results
 
 
@@ -114,8 +116,8 @@ def test_in_a_job_a_claimer_too_slow_adopts_the_waiters_xla_dot():
         decide_in_job(Job(kv, 0, 2), "k", slow_tune, fallback, wait_seconds=30)))
     results = []
     claimer.start()
-    while "k/claim" not in kv.values:
-        time.sleep(0.001)
+    with kv.changed:  # the claimer holds the key's claim
+        assert kv.changed.wait_for(lambda: "k/claim" in kv.values, 30)
     with pytest.warns(JaxAutotuneConsensusWarning, match="no decision"):
         waiter, how = decide_in_job(Job(kv, 1, 2), "k", slow_tune, fallback, wait_seconds=0.1)
     assert (waiter.winner, how) == ("xla_dot", "fallback")
@@ -165,10 +167,12 @@ def test_a_claim_of_a_dead_process_is_taken_over_at_once(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
     assert store.claim("ns", "k", "c", f"{socket.gethostname()}:{dead.pid}:x", lease_seconds=600)[0] == "claimed"
-    start = time.monotonic()
-    result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
-                                 lease_seconds=600, wait_seconds=30)
-    assert (result.winner, how) == ("mine", "tuned") and time.monotonic() - start < 5
+    # waiting for the 600 s lease would end at wait_seconds with XLA's dot and a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JaxAutotuneConsensusWarning)
+        result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+                                     lease_seconds=600, wait_seconds=1)
+    assert (result.winner, how) == ("mine", "tuned")
 
 
 def test_a_lapsed_lease_of_another_host_is_taken_over(tmp_path):
@@ -240,8 +244,10 @@ def test_a_jax_distributed_job_agrees_on_every_key_and_tunes_each_once(tmp_path,
     keys = set(results[0]["keys"])
     assert len(keys) == 3 and all(set(r["keys"]) == keys for r in results.values())
     assert_one_decision_per_key(results, keys)
-    sources = [r["keys"][key]["source"] for r in results.values() for key in keys]
-    assert sources.count("adopted") >= (count - 1) * len(keys) - len(keys)
+    for key in keys:  # one process tuned it, every other adopted that decision
+        sources = sorted(r["keys"][key]["source"] for r in results.values())
+        assert sources == ["adopted"] * (count - 1) + ["tuned"], (key, sources)
+    assert sum(r["stats"]["tuned"] for r in results.values()) == len(keys)
 
 
 def test_a_slow_claimer_is_waited_for_and_adopted(tmp_path):
@@ -253,11 +259,10 @@ def test_a_slow_claimer_is_waited_for_and_adopted(tmp_path):
 
 
 def test_a_claimer_killed_while_tuning_does_not_hang_its_peer(tmp_path):
-    start = time.monotonic()
+    # run_processes bounds each process (240 s); the peer gives up after PEER_WAIT_S
     results = run_processes(tmp_path, "killed", 2, kill=1, PEER_WAIT_S="3")
     (key,) = results[0]["keys"]
     assert results[0]["keys"][key] == {"winner": "xla_dot", "source": "fallback"}
-    assert time.monotonic() - start < 100
 
 
 def test_four_processes_on_one_store_tune_each_key_once_and_agree(tmp_path):

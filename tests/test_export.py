@@ -20,6 +20,7 @@ from jax_autotune.tuners import built_tuners, has_devices, tuner_for
 from jax_autotune.tuning import counters
 from jax_autotune.tuning.decision import CandidateResult, Decision
 from jax_autotune.warmup import matmul_problems
+from numerics import rel_error
 
 pytest.importorskip("flatbuffers")  # Exported.serialize() needs it (the "export" extra)
 pytestmark = pytest.mark.usefixtures("fresh_tuning")
@@ -74,11 +75,6 @@ def targets(text: str) -> set[str]:
 
 def project_targets(text: str) -> set[str]:
     return {t for t in targets(text) if t.startswith("jax_autotune_")}
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
 def install_winners(fn, args, choose, platform="cpu", **scores):

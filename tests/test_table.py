@@ -377,7 +377,8 @@ def test_a_string_over_the_cap_is_refused_naming_the_field_and_the_cap(where):
         entry["key"]["lhs_dtype"] = huge
     else:
         data["devices"][huge] = data["devices"].pop(CPU.fingerprint)
-    with pytest.raises(TuneTableError, match="over the cap of 4,096 characters per string") as info:
+    cap = f"over the cap of {LIMITS['characters per string']:,} characters per string"
+    with pytest.raises(TuneTableError, match=cap) as info:
         TuneTable.from_json(data, origin="t.json")
     assert len(str(info.value)) < 500  # the error never copies the string
 
