@@ -26,7 +26,7 @@ import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
 from jax_autotune.primitive import bind_matmul
-from jax_autotune.sharding import ShardingTypeError
+from jax_autotune.sharding import ShardingTypeError, explicit_sharding
 
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
 
@@ -117,10 +117,8 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
 def _explicitly_sharded(*operands) -> bool:
     """Whether an operand's type carries a sharding over Explicit mesh axes."""
     for x in operands:
-        sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(x, "shape") else None
-        mesh = getattr(sharding, "mesh", None)
-        if mesh is not None and not mesh.empty and mesh.explicit_axes and any(
-                entry is not None for entry in sharding.spec):
+        sharding = explicit_sharding(jax.typeof(x)) if hasattr(x, "shape") else None
+        if sharding is not None and any(entry is not None for entry in sharding.spec):
             return True
     return False
 

@@ -31,7 +31,8 @@ from jax.interpreters import ad, batching, mlir
 import jax_autotune.config as config
 from jax_autotune.kernels.xla import XLA_DOT, dimension_numbers, lax_precision, xla_dot
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.sharding import ShardKernels, lowering_targets_many_devices, partitioned_matmul
+from jax_autotune.sharding import (ShardKernels, explicit_sharding, lowering_targets_many_devices,
+                                   partitioned_matmul)
 from jax_autotune.tuners import has_devices, tuner_for
 from jax_autotune.tuning.export_choice import emitted_candidate
 
@@ -102,15 +103,6 @@ def _abstract_eval(lhs, rhs, *, problem, key, out_sharding):
     return out
 
 
-def _explicit_sharding(aval):
-    """``aval``'s sharding when its mesh has Explicit axes (a type to keep), else None."""
-    sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or getattr(mesh, "empty", True) or not getattr(mesh, "explicit_axes", ()):
-        return None
-    return sharding
-
-
 def _emit(ctx, lhs, rhs, kernel):
     out, = mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
     if lower_with_sharding_in_types is None:
@@ -128,7 +120,7 @@ def _lowering(platform: str):
         if lowering_targets_many_devices(ctx) and not for_export:  # jax.export takes no partitioner op
             kernel = functools.partial(partitioned_matmul, problem=problem,
                                        kernels=ShardKernels(platform),
-                                       out_sharding=_explicit_sharding(ctx.avals_out[0]))
+                                       out_sharding=explicit_sharding(ctx.avals_out[0]))
             return _emit(ctx, lhs, rhs, kernel)
         tuner = tuner_for(platform)
         candidate = emitted_candidate(tuner, problem, tuner.select(problem, key), for_export, target)
@@ -168,7 +160,7 @@ def _transpose_lhs(ct, lhs, rhs, *, problem, key, out_sharding):
     """Cotangent of lhs: ct @ rhs^T, or (rhs @ ct^T) when lhs is stored transposed; in
     lhs's stored layout and (Explicit axes) its sharding, as lax does."""
     p = problem
-    sharding = _explicit_sharding(lhs.aval)
+    sharding = explicit_sharding(lhs.aval)
     if not p.transpose_a:  # lhs_bar (b, m, k) = ct (b, m, n) @ rhs^T (b, n, k)
         new = _swap_problem(p, m=p.m, n=p.k, k=p.n, lhs_dtype=ct.dtype, rhs_dtype=rhs.dtype,
                             transpose_a=False, transpose_b=not p.transpose_b)
@@ -183,7 +175,7 @@ def _transpose_rhs(ct, lhs, rhs, *, problem, key, out_sharding):
     """Cotangent of rhs: lhs^T @ ct, or (ct^T @ lhs) when rhs is stored transposed; in
     rhs's stored layout and (Explicit axes) its sharding."""
     p = problem
-    sharding = _explicit_sharding(rhs.aval)
+    sharding = explicit_sharding(rhs.aval)
     if not p.transpose_b:  # rhs_bar (b, k, n) = lhs^T (b, k, m) @ ct (b, m, n)
         new = _swap_problem(p, m=p.k, n=p.n, k=p.m, lhs_dtype=lhs.dtype, rhs_dtype=ct.dtype,
                             transpose_a=not p.transpose_a, transpose_b=False)

@@ -229,6 +229,19 @@ def partitioned_matmul(lhs, rhs, problem: MatmulProblem, kernels: ShardKernels,
     return set_xla_metadata(out, jax_autotune_problem=repr(problem))
 
 
+def explicit_sharding(aval):
+    """``aval``'s sharding when its mesh has Explicit axes (a type to keep), else None.
+
+        >>> explicit_sharding(jax.typeof(x))      # x sharded under jax.set_mesh(explicit_mesh)
+        NamedSharding(mesh=..., spec=P('data', None))
+    """
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True) or not getattr(mesh, "explicit_axes", ()):
+        return None
+    return sharding
+
+
 def lowering_targets_many_devices(ctx) -> bool:
     """True under jit over several devices outside shard_map (custom_partitioning's case).
 
