@@ -13,6 +13,7 @@
 #include "gemm_driver.h"
 #include "isa.h"
 #include "kernel_table.h"
+#include "matmul_shapes.h"
 #include "thread_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -21,36 +22,11 @@ namespace ffi = xla::ffi;
 namespace jat {
 namespace {
 
-std::string dims_string(ffi::AnyBuffer::Dimensions dims) {
-  std::string s = "(";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + ")";
-}
-
-const char* dtype_name(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::S32: return "int32";
-    default: return "an unsupported dtype";
-  }
-}
-
-struct Shapes {
-  int64_t batch, m, n, k;
-};
-
-// Checks ranks, dtypes and that lhs, rhs and out describe one canonical matmul.
+// Checks that lhs, rhs and out are one canonical matmul of one dtype, f32 or f64.
 ffi::Error check_matmul(const char* target, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                         const ffi::AnyBuffer& out, bool ta, bool tb, Shapes* shapes) {
-  auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out.dimensions();
+  if (auto e = check_shapes(target, lhs, rhs, out, ta, tb, shapes); e.failure()) return e;
   const std::string where = std::string(target) + ": ";
-  if (ld.size() != 3 || rd.size() != 3 || od.size() != 3)
-    return ffi::Error::InvalidArgument(where + "lhs, rhs and out must be rank 3 (batch, rows, "
-                                       "cols); got lhs " + dims_string(ld) + ", rhs " +
-                                       dims_string(rd) + ", out " + dims_string(od));
   const ffi::DataType t = lhs.element_type();
   if (t != ffi::DataType::F32 && t != ffi::DataType::F64)
     return ffi::Error::InvalidArgument(where + "lhs dtype must be float32 or float64, got " +
@@ -59,14 +35,6 @@ ffi::Error check_matmul(const char* target, ffi::AnyBuffer lhs, ffi::AnyBuffer r
     return ffi::Error::InvalidArgument(where + "lhs, rhs and out must share one dtype; got " +
                                        dtype_name(t) + ", " + dtype_name(rhs.element_type()) +
                                        ", " + dtype_name(out.element_type()));
-  const int64_t m = ta ? ld[2] : ld[1], k = ta ? ld[1] : ld[2];
-  const int64_t k_rhs = tb ? rd[2] : rd[1], n = tb ? rd[1] : rd[2];
-  if (k != k_rhs || ld[0] != rd[0] || od[0] != ld[0] || od[1] != m || od[2] != n)
-    return ffi::Error::InvalidArgument(
-        where + "shapes do not form (batch, m, k) x (batch, k, n) -> (batch, m, n) with "
-        "transpose_a=" + std::to_string(ta) + ", transpose_b=" + std::to_string(tb) +
-        ": lhs " + dims_string(ld) + ", rhs " + dims_string(rd) + ", out " + dims_string(od));
-  *shapes = Shapes{ld[0], m, n, k};
   return ffi::Error::Success();
 }
 

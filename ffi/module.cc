@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "blas.h"
+#include "cublaslt.h"
 #include "handlers.h"
 #include "isa.h"
 #include "kernel_table.h"
@@ -17,6 +18,13 @@ namespace {
 nb::dict registrations() {
   nb::dict out;
   for (const auto& [name, handler] : jat::ffi_handlers())
+    out[name] = nb::capsule(reinterpret_cast<void*>(handler));
+  return out;
+}
+
+nb::dict cuda_registrations() {
+  nb::dict out;
+  for (const auto& [name, handler] : jat::cuda_ffi_handlers())
     out[name] = nb::capsule(reinterpret_cast<void*>(handler));
   return out;
 }
@@ -59,6 +67,12 @@ NB_MODULE(_native, m) {
   m.def("load_blas", &jat::load_blas, nb::arg("path"), nb::arg("prefix"),
         "dlopen a CBLAS library (symbols <prefix>cblas_sgemm, ...); '' or why it failed.");
   m.def("blas_library", &jat::blas_library, "Path of the loaded BLAS library, or ''.");
+  m.def("cuda_registrations", &cuda_registrations,
+        "{FFI target name: PyCapsule}, of the handlers for the CUDA platform (cuBLASLt).");
+  m.def("load_cublaslt", &jat::load_cublaslt, nb::arg("path"),
+        "dlopen a cuBLASLt library; '' or why it failed.");
+  m.def("cublaslt_library", &jat::cublaslt_library, "Path of the loaded cuBLASLt, or ''.");
+  m.def("cublaslt_version", &jat::cublaslt_version, "cublasLtGetVersion() of it, or 0.");
   m.def("fma_seconds", &jat::fma_seconds, nb::arg("dtype"), nb::arg("iterations"),
         nb::arg("threads"), nb::call_guard<nb::gil_scoped_release>(),
         "Seconds for `threads` threads to each run `iterations` FMA rounds (probe).");

@@ -1,0 +1,147 @@
+"""cuBLASLt as a candidate: ``cublasLtMatmul`` through an XLA FFI custom call.
+
+XLA's dot on a GPU runs either cuBLAS or a GEMM of XLA's own emitter, whichever its
+autotuner picked; ``torch.matmul`` runs cuBLAS's heuristic choice, and on some shapes
+that is faster (benchmarks/results/gpu_suite_2026-12-01_all.md). This module calls
+cuBLASLt directly: the ``algorithm``-th of the algorithms its heuristic offers for the
+problem (the last one when it offers fewer), with a ``WORKSPACE_BYTES`` workspace that
+XLA allocates as a second result of the call.
+
+The library is not linked: ``available()`` loads the cuBLASLt that XLA's CUDA plugin
+already mapped into the process (else one from the ``nvidia-*`` wheels, else the
+system's), once, and registers the FFI target for the CUDA platform.
+
+    >>> from jax_autotune.kernels.gpu import cublaslt
+    >>> if cublaslt.available():
+    ...     out = jax.jit(lambda a, b: cublaslt.matmul(a, b, problem, algorithm=0))(lhs, rhs)
+
+Operands are the canonical ones of a ``MatmulProblem`` (transposed operands are read in
+place); lhs and rhs are one of bfloat16, float16, float32 and the result is theirs or
+float32 (f32 operands: f32). f32 at ``Precision.DEFAULT`` runs on the TF32 tensor cores,
+as XLA's dot does; HIGH and HIGHEST run full f32.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import threading
+
+import jax
+import numpy as np
+
+from jax_autotune.key import Precision
+from jax_autotune.problem import MatmulProblem
+
+TARGET = "jax_autotune_cublaslt"
+# cuBLAS's guidance for Hopper is a 32 MiB workspace; XLA reuses the buffer between calls
+WORKSPACE_BYTES = 32 * 2 ** 20
+IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
+
+_lock = threading.Lock()
+_error: str | None = None  # None: not tried yet; "": loaded and registered
+
+
+def library_paths() -> list[str]:
+    """Where to look for cuBLASLt, best first: the one already mapped into this process
+    (XLA's), those of the ``nvidia-*`` wheels, then the sonames the loader resolves."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libcublasLt.so" in path and path not in paths:
+                    paths.append(path)
+    except OSError:
+        pass
+    try:
+        spec = importlib.util.find_spec("nvidia")  # the namespace package of the wheels
+    except (ImportError, ValueError):
+        spec = None
+    for root in list(spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcublasLt.so*")), reverse=True):
+            if path not in paths:
+                paths.append(path)
+    return paths + ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+
+
+def available() -> bool:
+    """True when cuBLASLt is loaded and the FFI target registered for CUDA (tried once
+    per process; ``error()`` says why not). Call it only where a CUDA device exists."""
+    global _error
+    with _lock:
+        if _error is None:
+            _error = _load()
+        return _error == ""
+
+
+def error() -> str:
+    """'' when cuBLASLt is usable, else why not."""
+    available()
+    return _error or ""
+
+
+def _load() -> str:
+    try:
+        import jax_autotune._native as _native
+    except ImportError as err:
+        return f"the native extension is not built ({err}); see BUILD.md"
+    reasons = []
+    for path in library_paths():
+        reason = _native.load_cublaslt(path)
+        if reason == "":
+            break
+        reasons.append(reason)
+    else:
+        return "no cuBLASLt library could be loaded: " + "; ".join(reasons[-3:])
+    try:
+        for name, capsule in _native.cuda_registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    except Exception as err:  # noqa: BLE001 - no CUDA platform in this jax
+        return f"the FFI target could not be registered for CUDA: {err}"
+    return ""
+
+
+def library() -> str:
+    """The path of the loaded cuBLASLt ('' when none is)."""
+    try:
+        import jax_autotune._native as _native
+    except ImportError:
+        return ""
+    return _native.cublaslt_library()
+
+
+def supported_dtypes(lhs_dtype: str, rhs_dtype: str, out_dtype: str) -> bool:
+    return (lhs_dtype in IN_DTYPES and rhs_dtype == lhs_dtype
+            and out_dtype in ({lhs_dtype, "float32"} if lhs_dtype != "float32" else {"float32"}))
+
+
+def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0):
+    """``problem``'s product by cuBLASLt's ``algorithm``-th heuristic algorithm.
+
+    >>> out = cublaslt.matmul(lhs, rhs, problem, algorithm=1)   # (batch, m, n)
+    """
+    if not supported_dtypes(problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype):
+        raise ValueError(f"cublaslt.matmul: lhs and rhs must be one of {sorted(IN_DTYPES)} and "
+                         f"out theirs or float32, got {problem.lhs_dtype}, {problem.rhs_dtype}, "
+                         f"{problem.out_dtype}")
+    if Precision(problem.precision).algorithm is not None:
+        raise ValueError(f"cublaslt.matmul: an algorithm preset ({problem.precision.value}) "
+                         f"is XLA's to run")
+    if not isinstance(algorithm, (int, np.integer)) or algorithm < 0:
+        raise ValueError(f"algorithm: expected an int >= 0, got {algorithm!r}")
+    if not available():
+        raise RuntimeError(f"cublaslt.matmul: {error()}")
+    out = jax.ShapeDtypeStruct(problem.out_shape, np.dtype(problem.out_dtype))
+    workspace = jax.ShapeDtypeStruct((WORKSPACE_BYTES,), np.uint8)
+    call = jax.ffi.ffi_call(TARGET, (out, workspace), vmap_method="sequential")
+    tf32 = problem.lhs_dtype == "float32" and problem.precision == Precision.DEFAULT
+    result, _ = call(lhs, rhs, transpose_a=np.int64(problem.transpose_a),
+                     transpose_b=np.int64(problem.transpose_b), tf32=np.int64(tf32),
+                     algorithm=np.int64(algorithm))
+    return result
+
+
+__all__ = ["TARGET", "WORKSPACE_BYTES", "available", "error", "library", "library_paths",
+           "matmul", "supported_dtypes"]
