@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a run on an H200 checks and measures, every file into OUTDIR; PARTS, comma-separated:
-#   tests    the whole suite on the CPU platform, beside it the GPU tests; the cold/warm experiment
+#   tests    the cuBLASLt declarations against its headers; the whole suite on the CPU
+#            platform, beside it the GPU tests; the cold/warm experiment
 #   retest   the GPU kernel and export tests, and the CPU-platform tests named in RETEST_CPU
 #   bench    the GPU suite with its peers
 #   model    the model step (plain, per layer, autotune)
@@ -29,6 +30,7 @@ pytest=(python3 -m pytest -q -p no:cacheprovider)
 for part in ${parts//,/ }; do
   case "$part" in
     tests)
+      python3 "$repo/benchmarks/check_cublaslt_abi.py" > "$out/cublaslt_abi.json" 2>&1
       ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_suite_cache timeout 400 \
           "${pytest[@]}" -n 8 "$repo/tests" > "$out/tests_cpu_platform.log" 2>&1
         echo "exit $?" >> "$out/tests_cpu_platform.log" ) &

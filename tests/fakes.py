@@ -85,12 +85,14 @@ class FakeTimer:
         return self.sampled.count(name)
 
 
-def fake_candidate(name: str, cost: float | None = None, supported: bool = True, **params) -> Candidate:
+def fake_candidate(name: str, cost: float | None = None, supported: bool = True,
+                   quick_compile: bool = False, **params) -> Candidate:
     from jax_autotune.kernels.xla import xla_dot
 
     return Candidate(name, xla_dot, params=params,
                      supports=lambda device, key: supported,
-                     cost=(lambda problem: cost) if cost is not None else None)
+                     cost=(lambda problem: cost) if cost is not None else None,
+                     quick_compile=quick_compile)
 
 
 def candidate_set(groups, members, *, baseline: str = "xla_dot"):

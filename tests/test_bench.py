@@ -1,5 +1,6 @@
 """The adaptive benchmark's rules, checked exactly with a scripted timer and clock."""
 
+import dataclasses
 import math
 
 import pytest
@@ -13,8 +14,11 @@ PROBLEM = MatmulProblem(1, 2, 3, 4, "float32", "float32", "float32")
 BASE = fake_candidate("xla_dot")
 
 
-def bench(timer, limit=None, rules=TuningRules(), budget=math.inf, clock=None):
+def bench(timer, limit=None, rules=TuningRules(), budget=math.inf, clock=None, cost_model=False):
+    """A benchmark of fakes; their costs only order a round unless ``cost_model``."""
     clock = clock or FakeClock()
+    if not cost_model:
+        rules = dataclasses.replace(rules, cost_skip_ratio=None)
     timer.clock = clock
     return KeyBenchmark(PROBLEM, (None, None), REFERENCE, timer, limit=limit, rules=rules,
                         clock=clock, budget_seconds=budget)
@@ -225,3 +229,46 @@ def test_a_candidate_wrong_off_the_sample_fails_against_xla_dots_whole_output():
     assert b.results["xla_dot"].outcome == "ok"
     assert b.results["off_sample"].outcome == "wrong_result"
     assert b.winner(baseline="xla_dot") == "xla_dot"
+
+
+def test_the_cost_model_skips_a_candidate_estimated_over_the_ratio_times_the_best_measured():
+    timer = FakeTimer({"xla_dot": [1.0], "close": [0.9], "hopeless": [0.1]})
+    b = bench(timer, rules=TuningRules(cost_skip_ratio=1.3), cost_model=True)
+    b.run_round(BASE, [fake_candidate("close", cost=1.29), fake_candidate("hopeless", cost=1.31)])
+    assert "hopeless" not in timer.prepared  # never compiled
+    assert b.results["hopeless"].outcome == "skipped"
+    assert "cost model" in b.results["hopeless"].error
+    assert b.results["close"].outcome == "ok"
+    assert b.winner() == "close"
+
+
+def test_quick_candidates_run_right_after_the_baseline_and_set_the_cost_bar():
+    timer = FakeTimer({"xla_dot": [4.0], "library": [1.0], "kernel": [0.5], "slow_kernel": [0.5]})
+    b = bench(timer, rules=TuningRules(cost_skip_ratio=1.3), cost_model=True)
+    b.run_round(BASE, [fake_candidate("kernel", cost=1.2),
+                       fake_candidate("slow_kernel", cost=2.0),
+                       fake_candidate("library", cost=9.0, quick_compile=True)])
+    assert list(dict.fromkeys(timer.sampled)) == ["xla_dot", "library", "kernel"]
+    # estimated 2.0 > 1.3 x library's 1.0 (it would pass XLA's 4.0 alone)
+    assert b.results["slow_kernel"].outcome == "skipped"
+    assert b.winner() == "kernel"
+
+
+def test_a_quick_candidate_is_never_skipped_by_the_cost_model():
+    timer = FakeTimer({"xla_dot": [1.0], "library": [0.8]})
+    b = bench(timer, rules=TuningRules(cost_skip_ratio=1.0), cost_model=True)
+    b.run_round(BASE, [fake_candidate("library", cost=50.0, quick_compile=True)])
+    assert b.results["library"].outcome == "ok"
+
+
+def test_nothing_is_skipped_by_cost_before_a_time_is_measured():
+    timer = FakeTimer({"xla_dot": [1.0], "a": [1.0]}, compile_errors={"xla_dot": RuntimeError("boom")})
+    b = bench(timer, rules=TuningRules(cost_skip_ratio=1.0), cost_model=True)
+    b.run_round(BASE, [fake_candidate("a", cost=1e9)])
+    assert b.results["a"].outcome == "ok"
+
+
+def test_the_cost_skip_ratio_must_be_at_least_one_or_none():
+    with pytest.raises(ValueError, match="cost_skip_ratio"):
+        TuningRules(cost_skip_ratio=0.9)
+    assert TuningRules(cost_skip_ratio=None).cost_skip_ratio is None

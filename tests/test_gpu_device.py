@@ -64,3 +64,54 @@ def test_every_supported_candidate_matches_the_f32_reference(batch, m, n, k, dty
         if not err <= tol:
             failures.append((name, err))
     assert not failures, failures
+
+
+@requires_gpu
+def test_cublaslt_is_loaded_on_a_cuda_gpu():
+    from jax_autotune.kernels.gpu import cublaslt
+
+    assert cublaslt.available(), cublaslt.error()
+    assert "libcublasLt.so" in cublaslt.library()
+
+
+@requires_gpu
+@pytest.mark.parametrize("batch,m,n,k,dtype,out_dtype,precision,ta,tb", [
+    (1, 768, 768, 768, "bfloat16", "bfloat16", "DEFAULT", False, False),
+    (1, 1, 7, 1025, "bfloat16", "bfloat16", "DEFAULT", False, False),
+    (1, 1000, 1, 7, "float16", "float16", "DEFAULT", True, False),
+    (3, 257, 129, 1025, "bfloat16", "float32", "DEFAULT", True, True),
+    (96, 1024, 1024, 64, "bfloat16", "bfloat16", "DEFAULT", False, True),
+    (1, 1025, 1025, 1025, "float32", "float32", "DEFAULT", False, True),
+    (2, 1000, 1000, 1000, "float32", "float32", "HIGHEST", True, False),
+    (1, 16, 14336, 4096, "bfloat16", "bfloat16", "DEFAULT", False, False),
+])
+def test_cublaslt_matches_the_f32_reference_with_every_algorithm(batch, m, n, k, dtype, out_dtype,
+                                                                 precision, ta, tb):
+    from jax_autotune.kernels.gpu import cublaslt
+
+    problem = MatmulProblem(batch, m, n, k, dtype, dtype, out_dtype, ta, tb, precision)
+    k1, k2 = jax.random.split(jax.random.key(batch + m + n + k))
+    lhs = jax.random.normal(k1, problem.lhs_shape, jnp.float32).astype(dtype)
+    rhs = jax.random.normal(k2, problem.rhs_shape, jnp.float32).astype(dtype)
+    ref = xla_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), problem, Precision.HIGHEST)
+    tol = TOLERANCE[(dtype if dtype == "float32" else "bfloat16",
+                     precision if dtype == "float32" else "DEFAULT")]
+    for algorithm in (0, 1, 2, 50):  # 50: past what the heuristic offers, the last one runs
+        out = jax.jit(lambda a, b: cublaslt.matmul(a, b, problem, algorithm=algorithm))(lhs, rhs)
+        assert out.shape == problem.out_shape and str(out.dtype) == out_dtype
+        assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+        err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
+        assert err <= tol, (algorithm, err)
+
+
+@requires_gpu
+def test_cublaslt_under_vmap_matches_lax():
+    from jax_autotune.kernels.gpu import cublaslt
+
+    problem = MatmulProblem(1, 64, 48, 32, "float32", "float32", "float32", precision="HIGHEST")
+    k1, k2 = jax.random.split(jax.random.key(7))
+    lhs = jax.random.normal(k1, (5, *problem.lhs_shape), jnp.float32)
+    rhs = jax.random.normal(k2, (5, *problem.rhs_shape), jnp.float32)
+    out = jax.jit(jax.vmap(lambda a, b: cublaslt.matmul(a, b, problem)))(lhs, rhs)
+    ref = jnp.einsum("xbmk,xbkn->xbmn", lhs, rhs, precision="highest")
+    assert float(jnp.max(jnp.abs(out - ref))) <= 1e-4 * float(jnp.max(jnp.abs(ref)))

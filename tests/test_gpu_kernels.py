@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.kernels.gpu import mosaic as mosaic_kernels
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
 from jax_autotune.kernels.gpu.packed import packed_gemm, packed_operands, packing_bytes
@@ -185,6 +186,19 @@ def test_padding_behind_a_barrier_gives_the_unpadded_product():
 
 # ---------------------------------------------------------------- the candidate set
 
+@pytest.fixture(autouse=True)
+def no_cublaslt(monkeypatch, request):
+    """The set's rounds as on a GPU without cuBLASLt, unless a test asks for it; the
+    answer never depends on this machine's libraries."""
+    loaded = "with_cublaslt" in request.fixturenames
+    monkeypatch.setattr(cublaslt, "available", lambda: loaded)
+
+
+@pytest.fixture
+def with_cublaslt():
+    pass
+
+
 def first_round(cset, device, key):
     """Names of the plan's first round: top tier of the highest non-skipped group."""
     groups = sorted((g for g in cset.groups if g.priority(key) >= 0),
@@ -307,3 +321,71 @@ def test_f32_at_highest_gets_no_triton_round():
     cset = gpu_candidate_set(H200)
     key = key_of(1000, 1000, 1000, dtype="float32", precision="HIGHEST")
     assert first_round(cset, H200, key) == (None, [])
+
+
+# ---------------------------------------------------------------- cuBLASLt
+
+CUBLASLT = [f"cublaslt_algo{i}" for i in range(3)]
+
+
+@pytest.mark.parametrize("shape,dtype", [((768, 768, 768), "bfloat16"), ((1025, 1025, 1025), "float32"),
+                                         ((16, 8192, 8192), "bfloat16"), ((4096, 4096, 4096), "bfloat16"),
+                                         ((128, 8192, 8192), "bfloat16")])
+def test_cublaslt_joins_the_first_round_of_every_group(with_cublaslt, shape, dtype):
+    cset = gpu_candidate_set(H200)
+    _, names = first_round(cset, H200, key_of(*shape, dtype))
+    assert set(CUBLASLT) <= set(names)
+    assert all(cset.by_name(n).quick_compile for n in CUBLASLT)
+
+
+def test_cublaslt_alone_tunes_f32_at_highest(with_cublaslt):
+    cset = gpu_candidate_set(H200)
+    key = key_of(1000, 1000, 1000, dtype="float32", precision="HIGHEST")
+    assert first_round(cset, H200, key) == ("triton_gemm", CUBLASLT)
+
+
+@pytest.mark.parametrize("dtypes,precision,device", [
+    (("float32", "float32", "bfloat16"), "DEFAULT", H200),  # f32 operands: f32 out only
+    (("bfloat16", "float16", "float32"), "DEFAULT", H200),  # mixed operands
+    (("float64", "float64", "float64"), "DEFAULT", H200),
+    (("int8", "int8", "int32"), "DEFAULT", H200),
+    (("bfloat16", "bfloat16", "bfloat16"), "BF16_BF16_F32", H200),  # a preset is XLA's
+    (("bfloat16", "bfloat16", "bfloat16"), "DEFAULT", DeviceInfo("cpu", "cpu")),
+    (("bfloat16", "bfloat16", "bfloat16"), "DEFAULT", DeviceInfo("gpu", "AMD MI300X", 0, None)),
+])
+def test_cublaslt_refuses_what_it_cannot_run(with_cublaslt, dtypes, precision, device):
+    key = MatmulProblem(1, 256, 256, 256, *dtypes, precision=precision).key("balanced")
+    cset = gpu_candidate_set(H200)
+    assert not cset.by_name("cublaslt_algo0").supports(device, key)
+
+
+def test_cublaslt_is_unsupported_where_its_library_is_not_loaded():
+    cset = gpu_candidate_set(H200)
+    assert not cset.by_name("cublaslt_algo0").supports(H200, key_of(768, 768, 768))
+
+
+@pytest.mark.parametrize("dtypes", [("bfloat16", "bfloat16", "float32"), ("float16", "float16", "float16"),
+                                    ("float32", "float32", "float32")])
+def test_cublaslt_runs_bf16_f16_f32_operands_with_their_or_an_f32_result(dtypes):
+    assert cublaslt.supported_dtypes(*dtypes)
+
+
+def test_cublaslt_matmul_rejects_bad_arguments_naming_them():
+    p = MatmulProblem(1, 8, 8, 8, "float64", "float64", "float64")
+    with pytest.raises(ValueError, match="lhs and rhs must be one of"):
+        cublaslt.matmul(None, None, p)
+    p = MatmulProblem(1, 8, 8, 8, "bfloat16", "bfloat16", "bfloat16")
+    with pytest.raises(ValueError, match="algorithm: expected an int >= 0"):
+        cublaslt.matmul(None, None, p, algorithm=-1)
+
+
+def test_the_library_search_starts_with_the_one_already_mapped(monkeypatch, tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f10 r-xp 0 fd:01 1 /opt/xla/nvidia/cu13/lib/libcublasLt.so.13\n"
+                    "7f10-7f20 r-xp 0 fd:01 2 /usr/lib/libc.so.6\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **kw: real_open(
+        maps if path == "/proc/self/maps" else path, *a, **kw))
+    paths = cublaslt.library_paths()
+    assert paths[0] == "/opt/xla/nvidia/cu13/lib/libcublasLt.so.13"
+    assert paths[-1] == "libcublasLt.so" and "/usr/lib/libc.so.6" not in paths

@@ -3,9 +3,12 @@
 For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 
 1. order the round: XLA's dot first (compiled and measured alone, so that when it
-   short-circuits nothing else is compiled), then by estimated cost; compile the rest
-   in parallel threads (``Timer.prepare``): all before timing with a host clock, a few
-   ahead of the one being measured with a device timer;
+   short-circuits nothing else is compiled), then the candidates that compile in
+   milliseconds (``quick_compile``: library and FFI calls), then the rest by estimated
+   cost; compile in parallel threads (``Timer.prepare``): all of a stage before timing
+   with a host clock, a few ahead of the one being measured with a device timer;
+   a costly-to-compile candidate whose estimate is over ``cost_skip_ratio`` x the best
+   time measured so far is not compiled (``skipped``, "cost model");
 2. run each once (the warm-up) and compare its output with the reference (and, with
    a sampled reference, the whole output with XLA's dot's once that passed): a wrong
    result is recorded as ``wrong_result`` and never timed;
@@ -145,12 +148,35 @@ class KeyBenchmark:
         self._baseline = baseline.name
         fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
                        key=lambda c: self._order(c, baseline))
-        stages = [fresh[:1], fresh[1:]] if fresh and fresh[0] is baseline else [fresh]
+        stages = [[c for c in fresh if c is baseline],
+                  [c for c in fresh if c is not baseline and c.quick_compile],
+                  [c for c in fresh if c is not baseline and not c.quick_compile]]
         device_time = self.timer.measures_device_time
         for stage in stages:
+            if stage is stages[-1]:
+                stage = self._skip_by_cost(stage, label)
+            if not stage:
+                continue
             ahead = self.rules.compile_ahead if device_time else len(stage)
             self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
         return any(self.results[c.name].outcome == "ok" for c in candidates)
+
+    def _skip_by_cost(self, stage: Sequence[Candidate], label: str) -> list[Candidate]:
+        """The stage without the candidates the cost model is sure lose (recorded
+        ``skipped``): estimated over ``rules.cost_skip_ratio`` x the best measured time."""
+        ratio = self.rules.cost_skip_ratio
+        if ratio is None or self.finished or not math.isfinite(self._best):
+            return list(stage)
+        kept = []
+        for candidate in stage:
+            estimate = candidate.cost(self.problem) if candidate.cost else None
+            if estimate is not None and estimate > ratio * self._best:
+                self._record(candidate.name, "skipped", label,
+                             error=f"cost model: estimated {estimate * 1e6:.3g} us > {ratio:g} x "
+                                   f"the best measured {self._best * 1e6:.3g} us")
+            else:
+                kept.append(candidate)
+        return kept
 
     def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
                    wait_for_all: bool) -> None:

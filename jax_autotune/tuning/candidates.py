@@ -46,6 +46,9 @@ class Candidate:
     supports: Callable[[DeviceInfo, MatmulKey], bool] = always
     # a rough time estimate (seconds) used to order a round so the short-circuit fires early
     cost: Callable[[MatmulProblem], float] | None = None
+    # compiles in milliseconds (a library or FFI call, no kernel of its own to generate):
+    # measured right after the baseline, and never skipped by the cost model
+    quick_compile: bool = False
 
     def signature(self) -> str:
         """Name plus parameters: what the candidate-set checksum hashes."""

@@ -135,11 +135,14 @@ class Probes:
     """Measures and caches the peaks of one device (thread-safe, each probe once)."""
 
     def __init__(self, device: DeviceInfo, jax_device, timer: Timer, store: TuneStore,
-                 native=None, baseline: Candidate | None = None):
+                 native=None, baseline: Candidate | None = None,
+                 quick: tuple[Candidate, ...] = ()):
         """``native``: the native kernel module on CPUs where it is built; ``baseline``: the
-        candidate set's XLA dot, which the compute probe runs where no native probe exists."""
+        candidate set's XLA dot, which the compute probe runs where no native probe exists;
+        ``quick``: candidates that compile in milliseconds, which it runs instead when one
+        supports the probe's problem (XLA's dot of the probe compiles with its autotuner)."""
         self.device, self.jax_device, self.timer, self.store = device, jax_device, timer, store
-        self.native, self.baseline = native, baseline
+        self.native, self.baseline, self.quick = native, baseline, quick
         self.namespace = throughput_namespace(device.fingerprint)
 
     def peaks_for(self, problem: MatmulProblem) -> Peaks:
@@ -202,11 +205,21 @@ class Probes:
         size = _compute_size(self.device, dtype)
         problem = MatmulProblem(1, size, size, size, dtype, dtype, dtype, precision=precision)
         args = random_operands(problem, self.jax_device, seed=2)
-        dot = self.baseline.fn
+        dot = self._compute_kernel(problem).fn
         measurement = self._prepare("probe_compute", lambda a, b: dot(a, b, problem), problem, args)
         measurement.output()
         ops = size * size * (2 * size - 1)
         return sample_peak(measurement.sample, ops)
+
+    def _compute_kernel(self, problem: MatmulProblem) -> Candidate:
+        key = problem.key()
+        for candidate in self.quick:
+            try:
+                if candidate.supports(self.device, key):
+                    return candidate
+            except Exception:  # noqa: BLE001 - a failing supports rule means: not supported
+                continue
+        return self.baseline
 
     def _probe_fma(self, dtype: str) -> ProbeResult:
         threads = self.native.max_threads()

@@ -26,6 +26,9 @@ class TuningRules:
     baseline_margin: float = 0.02  # a candidate must beat XLA's dot by this to replace it
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
     compile_ahead: int = 4  # device timers: candidates compiling while one is measured
+    # a candidate estimated slower than this x the best measured time is not compiled
+    # (``skipped``); None: every candidate of a round is compiled
+    cost_skip_ratio: float | None = 1.3
     claim_lease_seconds: float = 15.0  # a key's claim in a shared store lapses after this (renewed while tuning)
     peer_wait_seconds: float | None = None  # waiting for another process's decision; None: 3 x budget + 60 s
 
@@ -42,6 +45,8 @@ class TuningRules:
             raise ValueError("TuningRules: need 1 <= min_samples <= max_samples")
         if self.prune_ratio <= 1.0:
             raise ValueError("TuningRules: prune_ratio must be > 1")
+        if self.cost_skip_ratio is not None and self.cost_skip_ratio < 1.0:
+            raise ValueError("TuningRules: cost_skip_ratio must be >= 1 or None")
 
     def peer_wait(self, budget_seconds: float) -> float:
         """How long to wait for another process tuning a key (its budget, compiles, probes)."""

@@ -137,8 +137,9 @@ class Tuner:
         self.store = store if store is not None else open_store()
         self.rules = rules or DEFAULT_RULES
         self.clock = clock
-        self.probes = probes or Probes(device, jax_device, self.timer, self.store, native,
-                                       baseline=candidate_set.baseline)
+        self.probes = probes or Probes(
+            device, jax_device, self.timer, self.store, native, baseline=candidate_set.baseline,
+            quick=tuple(c for c in candidate_set.candidates if c.quick_compile))
         self.namespace = decision_namespace(device.fingerprint)
         self.checksum = candidate_set.checksum()
         self._memory: dict[MatmulKey, Decision] = {}

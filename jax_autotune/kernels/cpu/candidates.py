@@ -200,7 +200,8 @@ def native_candidates(family: str) -> list[Candidate]:
                     fn = _gemm_fn(isa, threads, tile)
                 out.append(Candidate(name, fn, params=params,
                                      supports=_supports_fn(isa, family),
-                                     cost=_cost_fn(isa, threads, family)))
+                                     cost=_cost_fn(isa, threads, family),
+                                     quick_compile=True))
     return out
 
 
@@ -226,7 +227,8 @@ def blas_candidates() -> list[Candidate]:
     return [Candidate(f"blas_openblas_t{threads}", _blas_fn(threads),
                       params={"family": "blas", "library": "scipy-openblas32",
                               "threads": threads},
-                      supports=_supports_blas, cost=_cost_fn(native.isa(), threads, "gemm"))
+                      supports=_supports_blas, cost=_cost_fn(native.isa(), threads, "gemm"),
+                      quick_compile=True)
             for threads in thread_variants()]
 
 

@@ -31,6 +31,11 @@ Precision.DEFAULT.
 |              |                                                             | K-major packed GEMMs per profile; f32 HIGH and |
 |              |                                                             | HIGHEST: none (XLA's dot, untimed)             |
 
+cuBLASLt (``cublaslt_algo0..2``: the first three algorithms of its heuristic, called
+through an FFI custom call) joins every group's top tier, like XLA's dot joins every
+round: it compiles in milliseconds, is measured right after XLA's dot, and sets the bar
+that the cost model skips hopeless Pallas candidates against (``rules.cost_skip_ratio``).
+
 Candidates a device cannot run (``supports``: platform, capability, dtypes, shared
 memory, alignment) are demoted by the planner; Mosaic needs sm_90 and on other GPUs its
 group is skipped outright.
@@ -45,7 +50,7 @@ import numpy as np
 
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.kernels.gpu import mosaic
+from jax_autotune.kernels.gpu import cublaslt, mosaic
 from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
 from jax_autotune.kernels.gpu.padded import padded, padded_problem
@@ -121,6 +126,9 @@ VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
 
 MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
                   MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
+
+# cuBLASLt: this many of its heuristic's algorithms per problem (rank 0 is its own pick)
+CUBLASLT_ALGORITHMS = 3
 
 # padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
 # the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
@@ -205,6 +213,12 @@ def gemm_supports(config: GemmConfig):
         return (_triton_device_ok(device, key)
                 and shared_memory_bytes(config, itemsize) <= device.shared_memory_limit)
     return supports
+
+
+def cublaslt_supports(device: DeviceInfo, key: MatmulKey) -> bool:
+    return (device.platform == "gpu" and device.compute_capability is not None
+            and cublaslt.supported_dtypes(key.lhs_dtype, key.rhs_dtype, key.out_dtype)
+            and Precision(key.precision).algorithm is None and cublaslt.available())
 
 
 def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
@@ -306,6 +320,10 @@ def _kernel(fn, config, fn_name: str | None = None):
     return kernel
 
 
+def _cublaslt_kernel(lhs, rhs, problem: MatmulProblem, *, algorithm: int):
+    return cublaslt.matmul(lhs, rhs, problem, algorithm=algorithm)
+
+
 def _best_of(priorities):
     if len(priorities) == 1:
         return priorities[0]
@@ -332,6 +350,15 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
         "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP)
     triton = builder.group(
         "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP)
+
+    for algorithm in range(CUBLASLT_ALGORITHMS):
+        builder.add(Candidate(f"cublaslt_algo{algorithm}",
+                              functools.partial(_cublaslt_kernel, algorithm=algorithm),
+                              params={"family": "cublaslt", "algorithm": algorithm,
+                                      "workspace": cublaslt.WORKSPACE_BYTES},
+                              supports=cublaslt_supports, cost=xla_cost, quick_compile=True),
+                    *[(group, lambda key: TOP)
+                      for group in (padded_group, skinny, split_k, accelerated, triton)])
 
     for config in MOSAIC_CONFIGS:
         builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
@@ -417,7 +444,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     return builder.build()
 
 
-__all__ = ["gpu_candidate_set", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
+__all__ = ["gpu_candidate_set", "CUBLASLT_ALGORITHMS", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
            "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
            "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
            "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]
