@@ -137,7 +137,9 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
                                    for r in decision.results),
                "probe_launches": after["probe_launches"] - before["probe_launches"],
                "phase_seconds": decision.bounds.get("phase_seconds"),
-               "outcomes": {r.name: r.outcome for r in decision.results}, "reason": decision.reason}
+               "outcomes": {r.name: r.outcome for r in decision.results},
+               "scores_us": {r.name: r.score * 1e6 for r in decision.results if r.score is not None},
+               "reason": decision.reason}
         row["xla_us"], row["tuned_us"], row["xla_again_us"] = peers.interleaved_device_us((xla, tuned, xla_again), operands)
         case = (c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b)
         row.update(torch.get(case, {}))
@@ -149,7 +151,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
         row["vs_best_peer"] = row["best_peer_us"] / row["tuned_us"]
         row["vs_xla"] = row["xla_us"] / row["tuned_us"]
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "phase_seconds")}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "scores_us", "phase_seconds")}), flush=True)
     print("stats", json.dumps(jat.stats()), flush=True)
     return rows
 

@@ -338,6 +338,14 @@ def test_cublaslt_joins_the_first_round_of_every_group(with_cublaslt, shape, dty
     assert all(cset.by_name(n).quick_compile for n in CUBLASLT)
 
 
+def test_misaligned_keys_get_cublaslt_on_padded_rows_too(with_cublaslt):
+    cset = gpu_candidate_set(H200)
+    group, names = first_round(cset, H200, key_of(1025, 1025, 1025))
+    assert group == "padded"
+    assert {"padded_cublaslt_a8_rows", "padded_cublaslt_a64_rows"} <= set(names)
+    assert cset.by_name("padded_cublaslt_a64_rows").quick_compile
+
+
 def test_cublaslt_alone_tunes_f32_at_highest(with_cublaslt):
     cset = gpu_candidate_set(H200)
     key = key_of(1000, 1000, 1000, dtype="float32", precision="HIGHEST")

@@ -137,6 +137,7 @@ CUBLASLT_ALGORITHMS = 3
 # XLA from fusing the pads into its GEMM, so cuBLAS runs on aligned operands (Inductor's
 # lever on such shapes); an aligned n then needs no slice of the output.
 PADDED_XLA_ALIGN = 8
+PADDED_CUBLASLT_ALIGNS = (8, 64)
 PADDED_BARRIER_ALIGNS = (8, 64)
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
@@ -423,6 +424,16 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                           supports=_padded_supports(None),
                           cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
                 padded_group, lambda key: TOP)
+    for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
+        builder.add(Candidate(f"padded_cublaslt_a{align}_rows",
+                              padded(functools.partial(_cublaslt_kernel, algorithm=0), align,
+                                     misaligned_only=True),
+                              params={"family": "padded", "inner": "cublaslt", "align": align,
+                                      "misaligned_only": True},
+                              supports=cublaslt_supports,
+                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                              quick_compile=True),
+                    padded_group, lambda key: TOP)
     for align in PADDED_BARRIER_ALIGNS:
         builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
                               padded(xla_dot, align, barrier=True, misaligned_only=True),
