@@ -272,3 +272,31 @@ def test_the_cost_skip_ratio_must_be_at_least_one_or_none():
     with pytest.raises(ValueError, match="cost_skip_ratio"):
         TuningRules(cost_skip_ratio=0.9)
     assert TuningRules(cost_skip_ratio=None).cost_skip_ratio is None
+
+
+def test_a_short_circuit_still_measures_the_quick_candidates_and_one_may_win():
+    timer = FakeTimer({"xla_dot": [1.0], "library": [0.9], "kernel": [0.1]})
+    b = bench(timer, limit=1.0)
+    b.run_round(BASE, [fake_candidate("kernel", cost=0.1),
+                       fake_candidate("library", cost=5.0, quick_compile=True)])
+    assert b.finished and b.finish_reason.startswith("short-circuit: xla_dot")
+    assert b.results["library"].outcome == "ok" and b.results["kernel"].outcome == "skipped"
+    assert "kernel" not in timer.prepared
+    assert b.winner(baseline="xla_dot") == "library"
+
+
+def test_past_the_budget_even_the_quick_candidates_are_skipped():
+    clock = FakeClock()
+    timer = FakeTimer({"xla_dot": [1.0], "library": [0.5]})
+    b = bench(timer, limit=1.0, budget=10.0, clock=clock)
+    original = timer.prepare
+
+    def slow_prepare(candidate, problem, args):  # XLA's dot takes the whole budget
+        if candidate.name == "xla_dot":
+            clock.advance(11.0)
+        return original(candidate, problem, args)
+
+    timer.prepare = slow_prepare
+    b.run_round(BASE, [fake_candidate("library", quick_compile=True)])
+    assert b.results["xla_dot"].outcome == "ok"
+    assert b.results["library"].outcome == "skipped"

@@ -18,7 +18,9 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 4. pruning: after 3 kept samples a candidate whose best is over 1.5x the best so far
    is dropped (``pruned``), unless that would leave fewer than two measured survivors;
 5. short-circuit: the first candidate with 2 samples inside the roofline limit ends
-   the whole tuning; candidates not yet sampled are ``skipped``;
+   the whole tuning; candidates not yet sampled are ``skipped``, except the quick ones
+   of the round (a library GEMM can still beat XLA's dot near the roofline, and
+   measuring one costs milliseconds);
 6. the per-key budget ends tuning with the best so far (the rest ``skipped``); XLA's dot
    is measured even past it, so every decision rests on a measurement.
 
@@ -49,6 +51,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.timing import Measurement, Timer
 
+SHORT_CIRCUIT = "short-circuit"
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
                      "shared memory", "smem", "too many resources")
@@ -178,9 +181,18 @@ class KeyBenchmark:
                 kept.append(candidate)
         return kept
 
+    def _stopped(self, candidate: Candidate) -> bool:
+        """Tuning has ended for ``candidate``: a short-circuit still lets the quick
+        candidates run (milliseconds each; a library GEMM can beat XLA's dot even near the
+        roofline), the budget stops everything."""
+        if not self.finished:
+            return False
+        after_short_circuit = self.finish_reason.startswith(SHORT_CIRCUIT)
+        return not (candidate.quick_compile and after_short_circuit and self.clock() <= self.deadline)
+
     def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
                    wait_for_all: bool) -> None:
-        if self.finished:
+        if all(self._stopped(c) for c in stage):
             for c in stage:
                 self._record(c.name, "skipped", label, error=self.finish_reason)
             return
@@ -194,7 +206,7 @@ class KeyBenchmark:
             measured_anyway = candidate.name == self._baseline and candidate.name not in self.results
             if not self.finished and self.clock() > self.deadline and not measured_anyway:
                 self._finish("budget")
-            if self.finished and not measured_anyway:
+            if self._stopped(candidate) and not measured_anyway:
                 self._record(candidate.name, "skipped", label, error=self.finish_reason)
                 continue
             if index + ahead < len(stage):  # keep the compile window full
@@ -257,7 +269,7 @@ class KeyBenchmark:
                 if self.limit is not None and seconds <= self.limit:
                     in_bound += 1
                     if in_bound >= rules.short_circuit_hits:
-                        self._finish(f"short-circuit: {candidate.name} within the roofline limit")
+                        self._finish(f"{SHORT_CIRCUIT}: {candidate.name} within the roofline limit")
                         break
                 if len(kept) >= rules.min_samples:
                     if min(kept) > rules.prune_ratio * self._best and self._survivors() >= rules.keep_at_least:
