@@ -13,11 +13,13 @@ knows: then warmup compiles ``jax.jit(fn)`` (and its grad) for the arguments, an
 report lists the keys that compile asked for.
 
 In a jax.distributed job, every process walks the same key list from its own offset, so
-the processes tune different keys first and each ends with every decision.
+the processes tune different keys first and each ends with every decision. On a GPU two
+keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 from typing import Any, Callable, Iterable, Iterator
@@ -34,6 +36,9 @@ from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.tuner import record_decisions
 from jax_autotune.kernels.xla import XLA_DOT_NAME
+
+
+KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,18 +163,19 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
         work = work[offset:] + work[:offset]
+    first_problem: dict[MatmulKey, MatmulProblem] = {}
+    for problem, key in work:
+        first_problem.setdefault(key, problem)
+    # with a device timer, keys tune side by side: one key's compiles overlap another's
+    # timing (every timing holds the device alone); a host clock needs the host quiet
+    threads = KEY_THREADS if tuner.timer.measures_device_time else 1
     show = sys.stderr.isatty() if progress is None else progress
-    iterator = work
-    if show and work:
-        from tqdm import tqdm
-        iterator = tqdm(work, desc="jax_autotune warmup", unit="key")
-    entries = []
-    seen: set[MatmulKey] = set()
-    for problem, key in iterator:
-        if key in seen:
-            continue
-        seen.add(key)
-        entries.append(WarmupEntry.of(tuner.select(problem, key)))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        decisions = pool.map(lambda item: tuner.select(item[1], item[0]), first_problem.items())
+        if show and first_problem:
+            from tqdm import tqdm
+            decisions = tqdm(decisions, total=len(first_problem), desc="jax_autotune warmup", unit="key")
+        entries = [WarmupEntry.of(decision) for decision in decisions]
     return WarmupReport(tuple(entries))
 
 

@@ -328,3 +328,43 @@ def test_dimension_numbers_must_be_integers_as_in_lax(bad):
     with pytest.raises(TypeError, match="lhs dims must be integers"):
         jat.dot_general(lhs, rhs, dims)
     assert jat.dot_general(lhs, rhs, (((np.int64(1),), (jnp.int32(0),)), ((), ()))).shape == (3, 5)
+
+
+class _ConcurrencyTuner:
+    """A tuner stand-in for warmup: counts keys tuned at once; with a device timer each
+    select waits at a two-party barrier, which passes only if two keys tune together."""
+
+    def __init__(self, device_time: bool):
+        import threading
+        import types
+
+        self.timer = types.SimpleNamespace(measures_device_time=device_time)
+        self.barrier = threading.Barrier(2, timeout=30) if device_time else None
+        self.lock, self.running, self.most, self.keys = threading.Lock(), 0, 0, []
+
+    def select(self, problem, key):
+        from jax_autotune.tuning.decision import Decision
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.keys.append(key)
+        if self.barrier is not None:
+            self.barrier.wait()
+        with self.lock:
+            self.running -= 1
+        return Decision(key, problem, "xla_dot", source="tuned")
+
+
+@pytest.mark.parametrize("device_time,expected", [(True, 2), (False, 1)])
+def test_warmup_tunes_two_keys_at_once_only_with_a_device_timer(monkeypatch, device_time, expected):
+    import importlib
+
+    warmup_module = importlib.import_module("jax_autotune.warmup")  # the attribute is the function
+    fake = _ConcurrencyTuner(device_time)
+    monkeypatch.setattr(warmup_module, "tuner_for", lambda platform: fake)
+    shapes = [(64, 64, 64), (128, 128, 128), (64, 64, 64), (256, 256, 256), (512, 512, 512)]
+    report = jat.warmup(shapes, dtype="float32", progress=False)
+    assert fake.most == expected
+    assert len(report) == len(fake.keys) == 4  # the repeated shape is one key, tuned once
+    assert [e.problem.m for e in report] == [64, 128, 256, 512]  # in the order asked

@@ -302,7 +302,8 @@ def test_vector_kinds_go_to_the_vector_kernels():
 
 @pytest.mark.parametrize("shape,dtype,precision,group,first", [
     ((1025, 1025, 1025), "bfloat16", "DEFAULT", "padded", "triton_packed_asis_"),
-    ((1025, 1025, 1025), "float32", "DEFAULT", "padded", "padded_xla_dot_a8"),
+    # 2026-12-01: the pad to 64 within 2% of the pad to 8 that won (30.8 against 30.3 us)
+    ((1025, 1025, 1025), "float32", "DEFAULT", "padded", "padded_xla_dot_a64_barrier_rows"),
     ((128, 8192, 8192), "float32", "DEFAULT", "split_k", "xla_transposed"),
     ((1000, 1000, 1000), "float32", "DEFAULT", "triton_gemm", "triton_packed_kmajor_"),
     ((8192, 8192, 128), "float32", "DEFAULT", "triton_gemm", "triton_packed_kmajor_"),
@@ -342,7 +343,8 @@ def test_misaligned_keys_get_cublaslt_on_padded_rows_too(with_cublaslt):
     cset = gpu_candidate_set(H200)
     group, names = first_round(cset, H200, key_of(1025, 1025, 1025))
     assert group == "padded"
-    assert {"padded_cublaslt_a8_rows", "padded_cublaslt_a64_rows"} <= set(names)
+    assert {"padded_cublaslt_a64_rows", "padded_xla_dot_a64_barrier_rows"} <= set(names)
+    assert not {"padded_cublaslt_a8_rows", "padded_xla_dot_a8_barrier_rows"} & set(names)
     assert cset.by_name("padded_cublaslt_a64_rows").quick_compile
 
 
