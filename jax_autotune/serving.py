@@ -5,7 +5,7 @@ dot and its variants; Mosaic GPU kernels), ranked by the key's tuned results, so
 ``jax.export.export(jax.jit(f))(x)`` serializes and the artifact needs only jax where it
 runs. The opt-in keeps the fastest kernels even where they are custom calls jax.export
 gives no compatibility guarantee for (this project's FFI kernels on CPUs; Pallas Triton
-on GPUs): such an artifact runs only with the same jax_autotune (and jax) installed where
+on GPUs; cuBLASLt, ``allow_targets=["jax_autotune_cublaslt"]``): such an artifact runs only with the same jax_autotune (and jax) installed where
 it runs, its targets registered (``deserialize`` does that), on a CPU with the ISA it was
 tuned on.
 
@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 
+from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.tuners import native_module
 from jax_autotune.tuning import export_safety
 
@@ -100,4 +101,6 @@ def deserialize(blob: bytes | bytearray) -> jax.export.Exported:
         >>> jat.deserialize(open("model.jax", "rb").read()).call(x)
     """
     native_targets()
+    if any(d.platform == "gpu" for d in jax.devices()):
+        cublaslt.available()  # registers jax_autotune_cublaslt (kept with allow_targets)
     return jax.export.deserialize(bytearray(blob))

@@ -322,3 +322,18 @@ def test_the_opt_in_keeps_a_triton_winner():
     assert unsafe <= targets(exported.mlir_module())
     assert tuner.lookup(key).export_kernel == decision.winner
     assert rel_error(exported.call(a, b), want) < 2e-2
+
+
+@pytest.mark.gpu
+def test_a_cublaslt_winner_exports_safe_by_default_and_kept_with_its_target():
+    from jax_autotune.kernels.gpu import cublaslt
+
+    a, b, want = gpu_problem()
+    tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: supported(t, k, "cublaslt_algo"),
+                                    platform="gpu", xla_dot=2e-5)
+    jax.clear_caches()
+    assert cublaslt.TARGET not in targets(jax.export.export(jax.jit(jat.matmul))(a, b).mlir_module())
+    jax.clear_caches()
+    kept = jat.export(jat.matmul, a, b, allow_targets=[cublaslt.TARGET])
+    assert cublaslt.TARGET in targets(kept.mlir_module())
+    assert rel_error(jat.deserialize(kept.serialize()).call(a, b), want) < 2e-2
