@@ -34,6 +34,7 @@ from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.primitive import matmul_p
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.consensus import current_job
+from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 
@@ -171,7 +172,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
     show = sys.stderr.isatty() if progress is None else progress
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        decisions = pool.map(lambda item: tuner.select(item[1], item[0]), first_problem.items())
+        decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),
+                             first_problem.items())
         if show and first_problem:
             from tqdm import tqdm
             decisions = tqdm(decisions, total=len(first_problem), desc="jax_autotune warmup", unit="key")

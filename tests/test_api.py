@@ -340,7 +340,7 @@ class _ConcurrencyTuner:
 
         self.timer = types.SimpleNamespace(measures_device_time=device_time)
         self.barrier = threading.Barrier(2, timeout=30) if device_time else None
-        self.lock, self.running, self.most, self.keys = threading.Lock(), 0, 0, []
+        self.lock, self.running, self.most, self.keys, self.x64 = threading.Lock(), 0, 0, [], []
 
     def select(self, problem, key):
         from jax_autotune.tuning.decision import Decision
@@ -349,6 +349,7 @@ class _ConcurrencyTuner:
             self.running += 1
             self.most = max(self.most, self.running)
             self.keys.append(key)
+            self.x64.append(bool(jax.config.jax_enable_x64))
         if self.barrier is not None:
             self.barrier.wait()
         with self.lock:
@@ -368,3 +369,15 @@ def test_warmup_tunes_two_keys_at_once_only_with_a_device_timer(monkeypatch, dev
     assert fake.most == expected
     assert len(report) == len(fake.keys) == 4  # the repeated shape is one key, tuned once
     assert [e.problem.m for e in report] == [64, 128, 256, 512]  # in the order asked
+
+
+def test_warmup_threads_tune_with_the_callers_x64_setting(monkeypatch):
+    import importlib
+
+    warmup_module = importlib.import_module("jax_autotune.warmup")
+    fake = _ConcurrencyTuner(device_time=True)
+    monkeypatch.setattr(warmup_module, "tuner_for", lambda platform: fake)
+    with jax.enable_x64(True):
+        report = jat.warmup([(64, 64, 64), (128, 128, 128)], dtype="float64", progress=False)
+    assert fake.x64 == [True, True]
+    assert {e.problem.lhs_dtype for e in report} == {"float64"}

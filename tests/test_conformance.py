@@ -3,6 +3,7 @@ and jnp.matmul do (dtypes, weak types, precision levels, algorithm presets, the 
 matmul precision), forward and under grad, jvp, second-order grad and vmap."""
 
 import itertools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import jax_autotune as jat
 from jax_autotune import primitive
 from jax_autotune.key import MatmulKey, Precision
 from jax_autotune.kernels.xla import lax_precision
+from jax_autotune.tuners import tuner_for
 from jax_autotune.problem import key_precision, problem_for
 from jax_autotune.tuners import tuner_for
 from jax_autotune.warmup import equations
@@ -370,3 +372,40 @@ def test_the_jax_default_matmul_precision_setting_is_read_at_trace_time(fresh_tu
         jax.config.update("jax_default_matmul_precision", previous)
     (eqn,) = matmul_eqns(jax.make_jaxpr(jat.matmul)(x, w))
     assert eqn.params["key"].precision is Precision.DEFAULT
+
+
+def test_a_worker_thread_sees_the_x64_setting_of_the_thread_that_handed_it_work():
+    import concurrent.futures
+
+    from jax_autotune.tuning.threads import carrying_x64
+
+    def dtype_in_thread():
+        return str(jnp.zeros(2, "float64").dtype)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with jax.enable_x64(True):
+            carried = pool.submit(carrying_x64(dtype_in_thread)).result()
+            plain = pool.submit(dtype_in_thread).result()
+        with jax.enable_x64(False):
+            off = pool.submit(carrying_x64(dtype_in_thread)).result()
+    assert (carried, plain, off) == ("float64", "float32", "float32")
+
+
+def test_a_float64_key_under_the_x64_context_is_tuned_on_float64_operands(fresh_tuning):
+    rng = np.random.default_rng(11)
+    with jax.enable_x64(True):
+        a = jnp.asarray(rng.standard_normal((33, 65)))
+        b = jnp.asarray(rng.standard_normal((65, 17)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = jax.jit(jat.matmul)(a, b)
+        key = jat.key_for(a, b)
+        want = np.asarray(a) @ np.asarray(b)
+        assert out.dtype == jnp.float64
+        assert np.max(np.abs(np.asarray(out) - want)) <= 1e-12 * np.max(np.abs(want))
+    truncations = [w for w in caught if "truncated" in str(w.message)]
+    assert not truncations, [str(w.message) for w in truncations][:2]
+    assert jat.stats()["tuned"] == 1
+    decision = tuner_for("cpu").lookup(key)
+    failed = [(r.name, r.error) for r in decision.results if r.outcome not in ("ok", "skipped")]
+    assert not failed, failed  # f32 stand-ins made the float64 native kernels refuse them

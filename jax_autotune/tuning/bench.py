@@ -49,6 +49,7 @@ from jax_autotune.tuning.correctness import check
 from jax_autotune.tuning.decision import CandidateResult
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import Measurement, Timer
 
 SHORT_CIRCUIT = "short-circuit"
@@ -89,7 +90,7 @@ class CompileQueue:
 
     def start(self, candidate: Candidate) -> None:
         if candidate.name not in self._futures:
-            self._futures[candidate.name] = self._pool.submit(self._prepare, candidate)
+            self._futures[candidate.name] = self._pool.submit(carrying_x64(self._prepare), candidate)
 
     def result(self, candidate: Candidate):
         """(measurement, None), or (None, the error the compile raised)."""

@@ -55,6 +55,7 @@ from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore, open_store
+from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import Timer, random_operands, timer_for
 
 class PhaseClock:
@@ -400,7 +401,7 @@ class Tuner:
                 # probes run while the reference is computed (with a host clock, the probes
                 # must run alone)
                 compiles.start(plan.baseline)
-                peaks_future = side.submit(self.probes.peaks_for, problem)
+                peaks_future = side.submit(carrying_x64(self.probes.peaks_for), problem)
             with phases("reference"):
                 on_host = self.device.platform == "cpu"
                 ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
