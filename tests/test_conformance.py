@@ -15,7 +15,6 @@ import jax_autotune as jat
 from jax_autotune import primitive
 from jax_autotune.key import MatmulKey, Precision
 from jax_autotune.kernels.xla import lax_precision
-from jax_autotune.tuners import tuner_for
 from jax_autotune.problem import key_precision, problem_for
 from jax_autotune.tuners import tuner_for
 from jax_autotune.warmup import equations
