@@ -467,3 +467,32 @@ def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
             if path.exists():
                 path.chmod(0o755)
         shutil.rmtree(shared)
+
+
+class _FailingSecondDelete:
+    """A connection stand-in: the second DELETE fails as a full disk would."""
+
+    def __init__(self, conn):
+        self.conn, self.deletes = conn, 0
+
+    def execute(self, sql, *args):
+        if sql.startswith("DELETE"):
+            self.deletes += 1
+            if self.deletes == 2:
+                raise sqlite3.OperationalError("database or disk is full")
+        return self.conn.execute(sql, *args)
+
+
+def test_deleting_several_namespaces_is_all_or_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "tuned.db"
+    store = TuneStore(path)
+    for ns in ("autotune/a/matmul", "autotune/b/matmul", "autotune/c/matmul"):
+        store.put(ns, "k", "c", {"x": 1})
+    real = store._connection
+    monkeypatch.setattr(store, "_connection", lambda create: _FailingSecondDelete(real(create)))
+    with pytest.warns(JaxAutotuneStoreWarning, match="disk is full"):
+        assert store.delete_namespaces(["autotune/a/matmul", "autotune/b/matmul"]) == 0
+    again = TuneStore(path)
+    assert sorted(again.namespaces()) == ["autotune/a/matmul", "autotune/b/matmul", "autotune/c/matmul"]
+    assert again.delete_namespaces(["autotune/a/matmul", "autotune/b/matmul", "autotune/a/matmul"]) == 2
+    assert again.namespaces() == ["autotune/c/matmul"]

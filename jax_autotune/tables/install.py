@@ -219,8 +219,8 @@ def clear_decisions(device: str | None = None) -> int:
     deleted = 0
     with stores_in_use(tuners) as stores:
         for store in stores:
-            for namespace in store.namespaces():
-                parsed = DecisionNamespace.parse(namespace)
-                if parsed is not None and device in (None, parsed.device):
-                    deleted += store.delete(namespace)
+            doomed = [namespace for namespace in store.namespaces()
+                      if (parsed := DecisionNamespace.parse(namespace)) is not None
+                      and device in (None, parsed.device)]
+            deleted += store.delete_namespaces(doomed)
     return deleted

@@ -456,6 +456,23 @@ class TuneStore:
                 self._fail(err)
                 return 0
 
+    def delete_namespaces(self, namespaces: Iterable[str]) -> int:
+        """Remove the rows of every namespace given in one transaction (all or none, so a
+        failure halfway never leaves a half-cleared store); returns how many were removed.
+
+            >>> store.delete_namespaces(store.namespaces())  # doctest: +SKIP
+            12
+        """
+        names = list(dict.fromkeys(namespaces))
+        if not names:
+            return 0
+
+        def body(conn) -> int:
+            return sum(conn.execute("DELETE FROM entries WHERE namespace = ?", (name,)).rowcount
+                       for name in names)
+
+        return self._transaction(body) or 0
+
     def entries(self, namespace: str | None = None, *,
                 namespace_prefix: str | None = None) -> list[StoreEntry]:
         """The rows of one namespace, of a namespace prefix, or all rows, ordered by
