@@ -379,7 +379,9 @@ def test_a_worker_thread_sees_the_x64_setting_of_the_thread_that_handed_it_work(
     from jax_autotune.tuning.threads import carrying_x64
 
     def dtype_in_thread():
-        return str(jnp.zeros(2, "float64").dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the truncation warning of the plain thread
+            return str(jnp.zeros(2, "float64").dtype)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         with jax.enable_x64(True):
