@@ -114,3 +114,21 @@ def test_checksum_changes_when_a_candidate_is_added_renamed_or_reparametrised():
                                        (fake_candidate("c"), [("g", 1)])])
     assert base.checksum() == same.checksum()
     assert len({base.checksum(), renamed.checksum(), retiled.checksum(), added.checksum()}) == 4
+
+
+def test_a_supports_rule_that_raises_demotes_its_candidate_instead_of_failing_the_plan():
+    from jax_autotune.tuning.candidates import Candidate
+    from jax_autotune.kernels.xla import XLA_DOT, xla_dot
+    from jax_autotune.problem import MatmulProblem
+
+    def broken(device, key):
+        raise RuntimeError("no driver")
+
+    builder = CandidateSetBuilder("cpu", "fake-cpu")
+    builder.add(XLA_DOT)
+    group = builder.group("g", lambda key: 1)
+    builder.add(Candidate("broken", xla_dot, supports=broken), group, lambda key: 1)
+    builder.add(Candidate("fine", xla_dot), group, lambda key: 1)
+    problem = MatmulProblem(1, 8, 8, 8, "float32", "float32", "float32")
+    plan = make_plan(builder.build(), problem.key(), CPU)
+    assert [c.name for r in plan.runnable for c in r.candidates] == ["fine"]

@@ -50,6 +50,17 @@ class Candidate:
     # measured right after the baseline, and never skipped by the cost model
     quick_compile: bool = False
 
+    def runs(self, device: DeviceInfo, key: MatmulKey) -> bool:
+        """``supports(device, key)``, a rule that raises read as: not supported.
+
+            >>> candidate.runs(device, problem.key())
+            True
+        """
+        try:
+            return bool(self.supports(device, key))
+        except Exception:  # noqa: BLE001 - a failing supports rule means: not supported
+            return False
+
     def signature(self) -> str:
         """Name plus parameters: what the candidate-set checksum hashes."""
         return f"{self.name}{json.dumps(dict(self.params), sort_keys=True, default=str)}"

@@ -8,7 +8,7 @@ Rules (the reference's, plus two of ours, marked *):
 2. Inside a group, candidates whose in-group priority is negative are skipped; the
    highest priority tier is the group's round; lower tiers are later rounds, tried
    only if no candidate of the round before produced a valid result.
-3. Candidates the device cannot run (``supports`` is False) are demoted to the minimum
+3. Candidates the device cannot run (``supports`` is False or raises) are demoted to the minimum
    priority: they form one last round, so the plan is never empty. *That round is kept
    for the record only: its candidates are never compiled (the tuner records them as
    ``skipped``), since XLA's dot can always run the key.*
@@ -89,7 +89,7 @@ def make_plan(candidate_set: CandidateSet, key: MatmulKey, device: DeviceInfo) -
                 continue
             candidate = by_name[member.candidate]
             placed.add(candidate.name)
-            if candidate.supports(device, key):
+            if candidate.runs(device, key):
                 tiers.setdefault(priority, []).append(candidate)
             else:
                 demoted.append(candidate)

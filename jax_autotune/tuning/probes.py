@@ -213,13 +213,7 @@ class Probes:
 
     def _compute_kernel(self, problem: MatmulProblem) -> Candidate:
         key = problem.key()
-        for candidate in self.quick:
-            try:
-                if candidate.supports(self.device, key):
-                    return candidate
-            except Exception:  # noqa: BLE001 - a failing supports rule means: not supported
-                continue
-        return self.baseline
+        return next((c for c in self.quick if c.runs(self.device, key)), self.baseline)
 
     def _probe_fma(self, dtype: str) -> ProbeResult:
         threads = self.native.max_threads()

@@ -171,11 +171,7 @@ class Tuner:
             candidate = self.candidate(decision.winner)
         except KeyError:
             return f"winner {decision.winner!r} is not a candidate of this build (key [{key.canonical()}])"
-        try:
-            supported = bool(candidate.supports(self.device, key))
-        except Exception:  # noqa: BLE001 - a supports rule that fails means: not supported
-            supported = False
-        if supported:
+        if candidate.runs(self.device, key):
             return ""
         return f"winner {decision.winner!r} cannot run key [{key.canonical()}] on {self.device.fingerprint}"
 
