@@ -52,7 +52,6 @@ from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import Measurement, Timer
 
-SHORT_CIRCUIT = "short-circuit"
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
                      "shared memory", "smem", "too many resources")
@@ -125,6 +124,7 @@ class KeyBenchmark:
         self.results: dict[str, CandidateResult] = {}
         self.finished = False  # short-circuit or budget: no more rounds
         self.finish_reason = ""
+        self.short_circuited = False  # finished by a short-circuit (not the budget)
         self._best = math.inf  # best single sample so far, for pruning
         self.trusted = None  # XLA's dot's output once it passed: the others are compared whole
         self._baseline: str | None = None
@@ -139,30 +139,25 @@ class KeyBenchmark:
     # ---------------------------------------------------------------- public
     def run_round(self, baseline: Candidate, candidates: Sequence[Candidate],
                   label: str = "") -> bool:
-        """Benchmark the baseline (once) and the round's candidates.
+        """Benchmark the baseline (once) and the round's candidates, in three stages.
 
-        The baseline is compiled and measured first, alone: when it short-circuits,
-        nothing else is compiled. The others are then measured in order of estimated cost.
-        With a host wall-clock timer they are all compiled (in parallel threads) before
-        any is timed, so compiling never disturbs a measurement; with a device timer they
-        compile at most ``rules.compile_ahead`` ahead of the one being measured, so
-        compiling overlaps measuring and a short-circuit saves the remaining compiles.
-        True when one of the round's own candidates produced a valid (``ok``) result.
+        The baseline is compiled and measured first, alone: when it short-circuits, no
+        costly compile starts. Then the quick candidates (milliseconds to compile), then
+        the others without those the cost model skips; within a stage by estimated cost.
+        With a host wall-clock timer a stage is compiled whole (in parallel threads)
+        before any of it is timed, so compiling never disturbs a measurement; with a
+        device timer candidates compile at most ``rules.compile_ahead`` ahead of the one
+        being measured, so compiling overlaps measuring and a short-circuit saves the
+        remaining compiles. True when one of the round's own candidates produced a valid
+        (``ok``) result.
         """
         self._baseline = baseline.name
         fresh = sorted((c for c in (baseline, *candidates) if c.name not in self.results),
                        key=lambda c: self._order(c, baseline))
-        stages = [[c for c in fresh if c is baseline],
-                  [c for c in fresh if c is not baseline and c.quick_compile],
-                  [c for c in fresh if c is not baseline and not c.quick_compile]]
-        device_time = self.timer.measures_device_time
-        for stage in stages:
-            if stage is stages[-1]:
-                stage = self._skip_by_cost(stage, label)
-            if not stage:
-                continue
-            ahead = self.rules.compile_ahead if device_time else len(stage)
-            self._run_stage(stage, label, max(1, ahead), wait_for_all=not device_time)
+        others = [c for c in fresh if c is not baseline]
+        self._run_stage([c for c in fresh if c is baseline], label)
+        self._run_stage([c for c in others if c.quick_compile], label)
+        self._run_stage(self._skip_by_cost([c for c in others if not c.quick_compile], label), label)
         return any(self.results[c.name].outcome == "ok" for c in candidates)
 
     def _skip_by_cost(self, stage: Sequence[Candidate], label: str) -> list[Candidate]:
@@ -188,11 +183,13 @@ class KeyBenchmark:
         roofline), the budget stops everything."""
         if not self.finished:
             return False
-        after_short_circuit = self.finish_reason.startswith(SHORT_CIRCUIT)
-        return not (candidate.quick_compile and after_short_circuit and self.clock() <= self.deadline)
+        return not (candidate.quick_compile and self.short_circuited and self.clock() <= self.deadline)
 
-    def _run_stage(self, stage: Sequence[Candidate], label: str, ahead: int,
-                   wait_for_all: bool) -> None:
+    def _run_stage(self, stage: Sequence[Candidate], label: str) -> None:
+        if not stage:
+            return
+        wait_for_all = not self.timer.measures_device_time
+        ahead = len(stage) if wait_for_all else max(1, self.rules.compile_ahead)
         if all(self._stopped(c) for c in stage):
             for c in stage:
                 self._record(c.name, "skipped", label, error=self.finish_reason)
@@ -270,7 +267,8 @@ class KeyBenchmark:
                 if self.limit is not None and seconds <= self.limit:
                     in_bound += 1
                     if in_bound >= rules.short_circuit_hits:
-                        self._finish(f"{SHORT_CIRCUIT}: {candidate.name} within the roofline limit")
+                        self._finish(f"short-circuit: {candidate.name} within the roofline limit",
+                                     short_circuit=True)
                         break
                 if len(kept) >= rules.min_samples:
                     if min(kept) > rules.prune_ratio * self._best and self._survivors() >= rules.keep_at_least:
@@ -292,9 +290,10 @@ class KeyBenchmark:
     def _survivors(self) -> int:
         return sum(1 for r in self.results.values() if r.eligible)
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: str, short_circuit: bool = False) -> None:
         if not self.finished:
             self.finished, self.finish_reason = True, reason
+            self.short_circuited = short_circuit
 
     def _record(self, name: str, outcome: str, label: str, **fields) -> None:
         self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
