@@ -149,7 +149,7 @@ CUBLASLT_ALGORITHMS = 3
 PADDED_XLA_ALIGN = 8
 PADDED_CUBLASLT_ALIGNS = (8, 64)
 PADDED_BARRIER_ALIGNS = (8, 64)
-PADDED_TOP_ALIGN = 64  # the other aligns are a lower tier: 64 was within 2% of 8 or ahead
+PADDED_TOP_ALIGN = 64
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
@@ -332,6 +332,11 @@ def _kernel(fn, config, fn_name: str | None = None):
     return kernel
 
 
+def _align_tier(align: int):
+    """The in-group tier of a padded variant: the top one for the pad to PADDED_TOP_ALIGN."""
+    return lambda key: TOP if align == PADDED_TOP_ALIGN else LOWER
+
+
 def _cublaslt_kernel(lhs, rhs, problem: MatmulProblem, *, algorithm: int):
     return cublaslt.matmul(lhs, rhs, problem, algorithm=algorithm)
 
@@ -444,7 +449,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                               supports=cublaslt_supports,
                               cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
                               quick_compile=True),
-                    padded_group, lambda key, align=align: TOP if align == PADDED_TOP_ALIGN else LOWER)
+                    padded_group, _align_tier(align))
     for align in PADDED_BARRIER_ALIGNS:
         builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
                               padded(xla_dot, align, barrier=True, misaligned_only=True),
@@ -452,7 +457,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                                       "misaligned_only": True},
                               supports=_padded_supports(None),
                               cost=functools.partial(_padded_xla_cost, align, misaligned_only=True)),
-                    padded_group, lambda key, align=align: TOP if align == PADDED_TOP_ALIGN else LOWER)
+                    padded_group, _align_tier(align))
     builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
                           supports=_padded_supports(None),
                           cost=functools.partial(xla_cost, launches=2)),

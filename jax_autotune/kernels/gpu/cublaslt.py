@@ -41,6 +41,7 @@ IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
 
 _lock = threading.Lock()
 _error: str | None = None  # None: not tried yet; "": loaded and registered
+_path = ""  # the library loaded
 
 
 def library_paths() -> list[str]:
@@ -87,10 +88,12 @@ def _load() -> str:
         import jax_autotune._native as _native
     except ImportError as err:
         return f"the native extension is not built ({err}); see BUILD.md"
+    global _path
     reasons = []
     for path in library_paths():
         reason = _native.load_cublaslt(path)
         if reason == "":
+            _path = _native.cublaslt_library()
             break
         reasons.append(reason)
     else:
@@ -104,12 +107,8 @@ def _load() -> str:
 
 
 def library() -> str:
-    """The path of the loaded cuBLASLt ('' when none is)."""
-    try:
-        import jax_autotune._native as _native
-    except ImportError:
-        return ""
-    return _native.cublaslt_library()
+    """The path of the loaded cuBLASLt ('' when none is, or before ``available()``)."""
+    return _path
 
 
 def supported_dtypes(lhs_dtype: str, rhs_dtype: str, out_dtype: str) -> bool:
