@@ -6,9 +6,8 @@ dot and its variants; Mosaic GPU kernels), ranked by the key's tuned results, so
 runs. The opt-in keeps the fastest kernels even where they are custom calls jax.export
 gives no compatibility guarantee for (this project's FFI kernels on CPUs; Pallas Triton
 on GPUs; cuBLASLt, ``allow_targets=["jax_autotune_cublaslt"]``): such an artifact runs
-only with the same jax_autotune (and jax) installed where
-it runs, its targets registered (``deserialize`` does that), on a CPU with the ISA it was
-tuned on.
+only with the same jax_autotune (and jax) installed where it runs, its targets registered
+(``deserialize`` does that), on a CPU with the ISA it was tuned on.
 
     >>> exported = jat.export(f, x, w)                       # export-safe kernels
     >>> blob = exported.serialize()                          # needs the flatbuffers package
