@@ -113,6 +113,27 @@ def test_only_modules_with_an_xla_dot_count_as_running_kernels_while_compiling()
     assert runs_kernels_while_compiling(dot) and not runs_kernels_while_compiling(scale)
 
 
+def test_a_pallas_kernel_naming_dot_general_in_its_ir_does_not_count_as_an_xla_dot():
+    # lowered for CUDA on any host: the Triton IR travels as a string attribute whose
+    # locations say "dot_general"; read as an XLA dot, every Pallas compile held the
+    # device alone and they compiled one after another
+    from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+    from jax_autotune.tuning.device import DeviceInfo
+
+    candidates = gpu_candidate_set(DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0)))
+    problem = MatmulProblem(1, 1025, 1025, 1025, "bfloat16", "bfloat16", "bfloat16")
+    operand = jax.ShapeDtypeStruct(problem.lhs_shape, jnp.bfloat16)
+
+    def lowered(name):
+        fn = candidates.by_name(name).bound(problem)
+        return jax.jit(fn).trace(operand, operand).lower(lowering_platforms=("cuda",))
+
+    for name in ("triton_gemm_bm64_bn128_bk64_g8_w4_s4", "triton_packed_asis_bm128_bn128_bk64_g8_w8_s3"):
+        pallas = lowered(name)
+        assert "dot_general" in pallas.as_text() and not runs_kernels_while_compiling(pallas)
+    assert runs_kernels_while_compiling(lowered("padded_xla_dot_a64_barrier_rows"))
+
+
 LARGE = MatmulProblem(6, 200, 150, 70, "float32", "float32", "float32", transpose_b=True)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import time
 from typing import Any, Protocol
@@ -97,10 +98,16 @@ class DeviceLock:
 DEVICE_LOCK = DeviceLock()
 
 
+# an XLA dot op of the module itself, as StableHLO prints it (pretty or generic form); a
+# Pallas kernel's serialized IR, a string attribute, also names "dot_general" (in its
+# locations) but never as an op of the module
+_XLA_DOT_OP = re.compile(r'(?:=\s*|")stablehlo\.dot(?:_general)?\b')
+
+
 def runs_kernels_while_compiling(lowered) -> bool:
     """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device
     (the module holds an XLA dot; Pallas kernels are custom calls and hold none)."""
-    return "dot_general" in lowered.as_text()
+    return _XLA_DOT_OP.search(lowered.as_text()) is not None
 
 
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
