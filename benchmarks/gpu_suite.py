@@ -144,6 +144,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
                "phase_seconds": decision.bounds.get("phase_seconds"),
                "outcomes": {r.name: r.outcome for r in decision.results},
                "scores_us": {r.name: r.score * 1e6 for r in decision.results if r.score is not None},
+               "compile_s": {r.name: r.compile_seconds for r in decision.results if r.compile_seconds is not None},
                "reason": decision.reason}
         row["xla_us"], row["tuned_us"], row["xla_again_us"] = peers.interleaved_device_us((xla, tuned, xla_again), operands)
         case = (c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b)
@@ -156,7 +157,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
         row["vs_best_peer"] = row["best_peer_us"] / row["tuned_us"]
         row["vs_xla"] = row["xla_us"] / row["tuned_us"]
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "scores_us", "phase_seconds")}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "scores_us", "compile_s", "phase_seconds")}), flush=True)
     print("stats", json.dumps(jat.stats()), flush=True)
     return rows
 
@@ -195,12 +196,13 @@ def report(rows, warm, command, exhaustive_budget_s) -> str:
              "vs best = best peer / tuned (>= 0.97: at most 3% behind); vs XLA = XLA / tuned. "
              f"XLA exhaustive ran in a child within {exhaustive_budget_s:.0f} s (compile s in brackets).", "",
              "| group | case | dtype | m x n x k | floor | XLA | XLA again | XLA exhaustive | cuBLAS | Inductor (tune s) "
-             "| tuned | vs best | vs XLA | winner | cold tune s | warm first call s |",
+             "| tuned | vs best | vs XLA | winner | cold tune s (XLA's compile) | warm first call s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         exhaustive = (f"{r['exhaustive_us']:.1f} ({r['exhaustive_compile_s']:.0f} s)" if "exhaustive_us" in r else "-")
         inductor = (f"{r['inductor_us']:.1f} ({r['inductor_tune_s']:.0f} s)" if "inductor_us" in r else "-")
-        cold = f"{r['cold_tune_s']:.2f}" if r["source"] == "tuned" else f"- ({r['source']})"
+        cold = (f"{r['cold_tune_s']:.2f} ({_cell(xla_compile_s(r), '{:.2f}')})" if r["source"] == "tuned"
+                else f"- ({r['source']})")
         warm_s = warm.get("first_call_s", {}).get(f"{r['dtype']} {r['label']}")
         lines.append(f"| {r['group']} | {r['name']} | {r['dtype']} | {r['label']} | {r['floor_us']:.1f} | "
                      f"{r['xla_us']:.1f} | {r['xla_again_us']:.1f} | {exhaustive} | {_cell(r.get('cublas_us'))} | "
@@ -209,6 +211,7 @@ def report(rows, warm, command, exhaustive_budget_s) -> str:
     misaligned = [r["vs_best_peer"] for r in rows if r["group"] == "misaligned"]
     colds = [r for r in rows if r["source"] == "tuned"]
     pallas = [r["cold_tune_s"] for r in colds if r["pallas_round"]]
+    beyond_xla = [r["cold_tune_s"] - xla_compile_s(r) for r in colds if r["pallas_round"] and xla_compile_s(r)]
     lines += ["", "| goal | target | reached |", "|---|---|---|",
               f"| min of best peer / tuned, every case | >= 0.97 | {min(r['vs_best_peer'] for r in rows):.2f} |",
               f"| geomean of best peer / tuned, misaligned cases | >= 1.1 | {geomean(misaligned):.2f} ({len(misaligned)} cases) |",
@@ -219,6 +222,9 @@ def report(rows, warm, command, exhaustive_budget_s) -> str:
     if pallas:
         lines.append(f"| median cold tune of a key with a Pallas round | <= 1.5 s | "
                      f"{statistics.median(pallas):.2f} s ({len(pallas)} keys) |")
+    if beyond_xla:
+        lines.append(f"| the same, less XLA's compile of its own dot (its GEMM autotuner) | - | "
+                     f"{statistics.median(beyond_xla):.2f} s |")
     behind = [r for r in rows if r["vs_best_peer"] < 0.97]
     if behind:
         lines += ["", "Behind the best peer by more than 3%: " + "; ".join(
@@ -227,6 +233,11 @@ def report(rows, warm, command, exhaustive_budget_s) -> str:
     if errors:
         lines += ["", "Peer errors: " + "; ".join(errors)]
     return "\n".join(lines) + "\n"
+
+
+def xla_compile_s(row) -> float | None:
+    """Seconds the key's tuning spent compiling XLA's dot (XLA's GEMM autotuner runs in it)."""
+    return row.get("compile_s", {}).get("xla_dot")
 
 
 def spread(rows) -> str:

@@ -343,9 +343,11 @@ def test_misaligned_keys_get_cublaslt_on_padded_rows_too(with_cublaslt):
     cset = gpu_candidate_set(H200)
     group, names = first_round(cset, H200, key_of(1025, 1025, 1025))
     assert group == "padded"
-    assert {"padded_cublaslt_a64_rows", "padded_xla_dot_a64_barrier_rows"} <= set(names)
+    padded_cublaslt = {"padded_cublaslt_a64_rows", "padded_cublaslt_a64_rows_algo1", "padded_cublaslt_a64_rows_algo2"}
+    assert padded_cublaslt | {"padded_xla_dot_a64_barrier_rows"} <= set(names)
     assert not {"padded_cublaslt_a8_rows", "padded_xla_dot_a8_barrier_rows"} & set(names)
-    assert cset.by_name("padded_cublaslt_a64_rows").quick_compile
+    assert all(cset.by_name(n).quick_compile for n in padded_cublaslt)
+    assert [cset.by_name(n).params["algorithm"] for n in sorted(padded_cublaslt)] == [0, 1, 2]
 
 
 def test_cublaslt_alone_tunes_f32_at_highest(with_cublaslt):

@@ -14,8 +14,9 @@ Precision.DEFAULT.
 
 | group        | group priority                                              | top tier (in-group 2; lower tiers are 1)       |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
-| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot behind a barrier and cuBLASLt, the   |
-|              | (stride factor < 4: k = 1025 and the like)                  | misaligned rows padded to 64; half: + 2        |
+| padded       | 7 if General and a row stride is not a multiple of 16 bytes | XLA's dot behind a barrier and cuBLASLt (three |
+|              | (stride factor < 4: k = 1025 and the like)                  | algorithms), the misaligned rows padded to 64; |
+|              |                                                             | half: + 2                                      |
 |              |                                                             | packed Triton GEMMs (k to block_k, n to 16 B,  |
 |              |                                                             | output stored unpadded). Lower tier: the pads  |
 |              |                                                             | to 8, and XLA's dot on m, n, k all padded to 8 |
@@ -145,7 +146,9 @@ CUBLASLT_ALGORITHMS = 3
 # to 8 lost to a barrier variant on every misaligned shape of the 2026-12-01 GPU suite,
 # so it is only a lower tier now, as are the pads to 8 of the others (the pad to 64 was
 # within 2% of it or ahead, and each XLA variant costs a compile with XLA's autotuner);
-# cuBLASLt on the padded rows needs no barrier.
+# cuBLASLt on the padded rows needs no barrier, and on the pad to 64 it runs the same
+# first algorithms of its heuristic as unpadded (XLA's autotuner, trying them all, found
+# a faster cuBLASLt call than its first for the 50257 vocabulary head).
 PADDED_XLA_ALIGN = 8
 PADDED_CUBLASLT_ALIGNS = (8, 64)
 PADDED_BARRIER_ALIGNS = (8, 64)
@@ -441,15 +444,18 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                           cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
                 padded_group, lambda key: LOWER)
     for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
-        builder.add(Candidate(f"padded_cublaslt_a{align}_rows",
-                              padded(functools.partial(_cublaslt_kernel, algorithm=0), align,
-                                     misaligned_only=True),
-                              params={"family": "padded", "inner": "cublaslt", "align": align,
-                                      "misaligned_only": True},
-                              supports=cublaslt_supports,
-                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
-                              quick_compile=True),
-                    padded_group, _align_tier(align))
+        algorithms = range(CUBLASLT_ALGORITHMS) if align == PADDED_TOP_ALIGN else range(1)
+        for algorithm in algorithms:
+            suffix = f"_algo{algorithm}" if algorithm else ""
+            builder.add(Candidate(f"padded_cublaslt_a{align}_rows{suffix}",
+                                  padded(functools.partial(_cublaslt_kernel, algorithm=algorithm), align,
+                                         misaligned_only=True),
+                                  params={"family": "padded", "inner": "cublaslt", "align": align,
+                                          "misaligned_only": True, "algorithm": algorithm},
+                                  supports=cublaslt_supports,
+                                  cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                                  quick_compile=True),
+                        padded_group, _align_tier(align))
     for align in PADDED_BARRIER_ALIGNS:
         builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
                               padded(xla_dot, align, barrier=True, misaligned_only=True),

@@ -1,0 +1,81 @@
+"""Do candidate compiles overlap in threads? Pallas GEMMs of fresh shapes, compiled one
+after another and three at a time, lowered in the compiling thread or beforehand, with
+JAX's persistent compilation cache on or off (and the seconds its writes take).
+
+    python benchmarks/compile_threads.py [--cache DIR]   # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_AUTOTUNE_COMPILATION_CACHE", "0")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", default="", help="a directory: JAX's persistent cache on, there")
+    parser.add_argument("--count", type=int, default=3)
+    args = parser.parse_args()
+    import jax
+    from jax._src import compiler
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuners import tuner_for
+    from jax_autotune.tuning.timing import random_operands
+
+    if args.cache:
+        jax.config.update("jax_compilation_cache_dir", args.cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    writes: list[float] = []
+    original_write = compiler._cache_write
+
+    def timed_write(*a, **k):
+        start = time.perf_counter()
+        try:
+            return original_write(*a, **k)
+        finally:
+            writes.append(time.perf_counter() - start)
+    compiler._cache_write = timed_write
+
+    tuner = tuner_for("gpu")
+    gemm = tuner.candidate("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
+    sizes = iter(range(1536 + (64 * 40 if args.cache else 0), 9000, 64))
+    device = tuner._jax_device()
+
+    def lower(size):
+        problem = MatmulProblem(1, size, size, size, "bfloat16", "bfloat16", "bfloat16")
+        operands = random_operands(problem, device, seed=size)
+        return jax.jit(lambda a, b: gemm.fn(a, b, problem)).lower(*operands)
+
+    def compile_(low):
+        start = time.perf_counter()
+        low.compile()
+        return time.perf_counter() - start
+
+    def lower_and_compile(size):
+        return compile_(lower(size))
+
+    def threads(fn, items):
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
+            each = list(pool.map(fn, items))
+        return {"each_s": each, "wall_s": time.perf_counter() - start}
+
+    n = args.count
+    compile_(lower(next(sizes)))  # first compile of the process: warm-up
+    result = {"cache": bool(args.cache),
+              "serial_s": [lower_and_compile(next(sizes)) for _ in range(n)],
+              "threads_lowering_inside": threads(lower_and_compile, [next(sizes) for _ in range(n)]),
+              "threads_lowered_before": threads(compile_, [lower(next(sizes)) for _ in range(n)])}
+    result["cache_writes_s"] = writes
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
