@@ -128,6 +128,11 @@ def test_a_pallas_kernel_naming_dot_general_in_its_ir_does_not_count_as_an_xla_d
         fn = candidates.by_name(name).bound(problem)
         return jax.jit(fn).trace(operand, operand).lower(lowering_platforms=("cuda",))
 
+    try:
+        lowered("triton_gemm_bm64_bn128_bk64_g8_w4_s4")
+    except RuntimeError as err:  # jax 0.11 asks the GPU for its capability while lowering
+        pytest.skip(f"this jax lowers Pallas for CUDA only beside a GPU ({str(err)[:80]}); "
+                    "test_gpu_tuner checks the same on one")
     for name in ("triton_gemm_bm64_bn128_bk64_g8_w4_s4", "triton_packed_asis_bm128_bn128_bk64_g8_w8_s3"):
         pallas = lowered(name)
         assert "dot_general" in pallas.as_text() and not runs_kernels_while_compiling(pallas)

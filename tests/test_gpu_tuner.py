@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jax_autotune as jat
-from jax_autotune.tuning.timing import DeviceTimer
+from jax_autotune.tuning.timing import DEVICE_LOCK, DeviceTimer, compile_candidate, random_operands
 from jax_autotune.tuners import tuner_for
 
 pytestmark = pytest.mark.gpu
@@ -62,3 +62,18 @@ def test_grad_on_gpu_matches_jnp(fresh_tuning):
                       .astype(jnp.bfloat16)), argnums=(0, 1))(x, w)
     for g, h in zip(got, want):
         assert rel_error(g, h) < 3e-2
+
+
+def test_a_pallas_candidate_compiles_while_a_kernel_run_holds_the_device():
+    # only compiles that run XLA's GEMM autotuner hold the device alone; a Pallas compile
+    # that did would wait here for the shared hold to end, and the result would time out
+    import concurrent.futures
+
+    tuner = tuner_for("gpu")
+    problem = jat.MatmulProblem(1, 1000, 1000, 1000, "bfloat16", "bfloat16", "bfloat16")
+    args = random_operands(problem, tuner._jax_device())
+    candidate = tuner.candidate("triton_gemm_bm64_bn128_bk64_g8_w4_s4")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, DEVICE_LOCK.shared():
+        compiled = pool.submit(compile_candidate, candidate, problem, args).result(timeout=120)
+    want = np.matmul(np.asarray(args[0], np.float64), np.asarray(args[1], np.float64))
+    assert rel_error(compiled(*args), want) < 2e-2
