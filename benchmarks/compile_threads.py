@@ -17,6 +17,31 @@ import time
 os.environ.setdefault("JAX_AUTOTUNE_COMPILATION_CACHE", "0")
 
 
+def lower_square(candidate, size: int, device):
+    """``candidate`` lowered for a bf16 size^3 problem on fresh random operands."""
+    import jax
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuning.timing import random_operands
+
+    problem = MatmulProblem(1, size, size, size, "bfloat16", "bfloat16", "bfloat16")
+    operands = random_operands(problem, device, seed=size)
+    return jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*operands)
+
+
+def compile_seconds(lowered) -> float:
+    start = time.perf_counter()
+    lowered.compile()
+    return time.perf_counter() - start
+
+
+def in_threads(fn, items) -> tuple[list, float]:
+    """``fn`` over ``items``, one thread each: (each result, wall seconds)."""
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
+        each = list(pool.map(fn, items))
+    return each, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", default="", help="a directory: JAX's persistent cache on, there")
@@ -24,9 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     import jax
     from jax._src import compiler
-    from jax_autotune.problem import MatmulProblem
     from jax_autotune.tuners import tuner_for
-    from jax_autotune.tuning.timing import random_operands
 
     if args.cache:
         jax.config.update("jax_compilation_cache_dir", args.cache)
@@ -49,30 +72,21 @@ def main() -> None:
     device = tuner._jax_device()
 
     def lower(size):
-        problem = MatmulProblem(1, size, size, size, "bfloat16", "bfloat16", "bfloat16")
-        operands = random_operands(problem, device, seed=size)
-        return jax.jit(lambda a, b: gemm.fn(a, b, problem)).lower(*operands)
-
-    def compile_(low):
-        start = time.perf_counter()
-        low.compile()
-        return time.perf_counter() - start
+        return lower_square(gemm, size, device)
 
     def lower_and_compile(size):
-        return compile_(lower(size))
+        return compile_seconds(lower(size))
 
     def threads(fn, items):
-        start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
-            each = list(pool.map(fn, items))
-        return {"each_s": each, "wall_s": time.perf_counter() - start}
+        each, wall = in_threads(fn, items)
+        return {"each_s": each, "wall_s": wall}
 
     n = args.count
-    compile_(lower(next(sizes)))  # first compile of the process: warm-up
+    compile_seconds(lower(next(sizes)))  # first compile of the process: warm-up
     result = {"cache": bool(args.cache),
               "serial_s": [lower_and_compile(next(sizes)) for _ in range(n)],
               "threads_lowering_inside": threads(lower_and_compile, [next(sizes) for _ in range(n)]),
-              "threads_lowered_before": threads(compile_, [lower(next(sizes)) for _ in range(n)])}
+              "threads_lowered_before": threads(compile_seconds, [lower(next(sizes)) for _ in range(n)])}
     result["cache_writes_s"] = writes
     print(json.dumps(result), flush=True)
 

@@ -19,7 +19,7 @@ XLA dot compiled alone and beside them. Writes xla_compile_cost.json to --out.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -101,29 +101,16 @@ def one_key(tuner, text: str, bare_first: bool) -> dict:
 def threads_test(tuner, count: int = 3) -> dict:
     """Compile seconds of fresh Pallas GEMMs one after another, then in threads; then an
     autotuned XLA dot alone and beside Pallas compiles (each on a shape not seen before)."""
-    import jax
-    from jax_autotune.problem import MatmulProblem
-    from jax_autotune.tuning.timing import random_operands
+    from compile_threads import compile_seconds, in_threads, lower_square
 
     gemm = tuner.candidate("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
     device = tuner._jax_device()
     sizes = iter(range(1536, 4096, 64))
 
     def lowered(candidate, size):
-        problem = MatmulProblem(1, size, size, size, "bfloat16", "bfloat16", "bfloat16")
-        args = random_operands(problem, device, seed=size)
-        return jax.jit(lambda a, b: candidate.fn(a, b, problem)).lower(*args)
+        return lower_square(candidate, size, device)
 
-    def timed(low):
-        start = time.perf_counter()
-        low.compile()
-        return time.perf_counter() - start
-
-    def together(lows):
-        start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(len(lows)) as pool:
-            each = list(pool.map(timed, lows))
-        return each, time.perf_counter() - start
+    timed, together = compile_seconds, functools.partial(in_threads, compile_seconds)
 
     result = {"pallas_serial_s": [timed(lowered(gemm, next(sizes))) for _ in range(count)]}
     result["pallas_threads_s"], result["pallas_threads_wall_s"] = together(
