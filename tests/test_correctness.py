@@ -110,7 +110,11 @@ def test_only_modules_with_an_xla_dot_count_as_running_kernels_while_compiling()
     lhs, rhs = random_operands(PROBLEM, jax.devices()[0])
     dot = jax.jit(lambda a, b: xla_dot(a, b, PROBLEM)).lower(lhs, rhs)
     scale = jax.jit(lambda a, b: a * 2.0).lower(lhs, rhs)
-    assert runs_kernels_while_compiling(dot) and not runs_kernels_while_compiling(scale)
+    nested = jax.jit(lambda a, b: jax.lax.cond(a[0, 0, 0] > 0, lambda: xla_dot(a, b, PROBLEM),
+                                               lambda: jnp.zeros(PROBLEM.out_shape, PROBLEM.out_dtype))
+                     ).lower(lhs, rhs)  # the dot inside a branch's region
+    assert runs_kernels_while_compiling(dot) and runs_kernels_while_compiling(nested)
+    assert not runs_kernels_while_compiling(scale)
 
 
 def test_a_pallas_kernel_naming_dot_general_in_its_ir_does_not_count_as_an_xla_dot():

@@ -30,6 +30,8 @@ import jax
 import numpy as np
 from jax.extend.mlir import ir
 
+from jax_autotune.tuning.module_ops import ops
+
 try:  # private: jax.export's allow-list lives here (jax 0.10 and 0.11)
     from jax._src.export import _export as _jax_export
 except ImportError:  # pragma: no cover - a jax that moved it: ask jax.export itself
@@ -52,19 +54,8 @@ def stable_targets() -> frozenset[str] | None:
 def module_targets(module: ir.Module) -> frozenset[str]:
     """``call_target_name`` of every ``stablehlo.custom_call`` in ``module``, nested regions
     (case, while, called functions) included."""
-    found: set[str] = set()
-
-    def walk(op) -> None:
-        op = op.operation
-        if op.name == "stablehlo.custom_call":
-            found.add(ir.StringAttr(op.attributes["call_target_name"]).value)
-        for region in op.regions:
-            for block in region:
-                for inner in block:
-                    walk(inner)
-
-    walk(module.operation)
-    return frozenset(found)
+    return frozenset(ir.StringAttr(op.attributes["call_target_name"]).value
+                     for op in ops(module) if op.name == "stablehlo.custom_call")
 
 
 @dataclasses.dataclass(frozen=True)

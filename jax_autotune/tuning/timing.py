@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import threading
 import time
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ from jax import lax
 
 from jax_autotune.tuning import counters
 from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.module_ops import ops
 from jax_autotune.problem import MatmulProblem
 
 
@@ -98,16 +98,14 @@ class DeviceLock:
 DEVICE_LOCK = DeviceLock()
 
 
-# an XLA dot op of the module itself, as StableHLO prints it (pretty or generic form); a
-# Pallas kernel's serialized IR, a string attribute, also names "dot_general" (in its
-# locations) but never as an op of the module
-_XLA_DOT_OP = re.compile(r'(?:=\s*|")stablehlo\.dot(?:_general)?\b')
+_XLA_DOTS = frozenset({"stablehlo.dot_general", "stablehlo.dot"})
 
 
 def runs_kernels_while_compiling(lowered) -> bool:
-    """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device
-    (the module holds an XLA dot; Pallas kernels are custom calls and hold none)."""
-    return _XLA_DOT_OP.search(lowered.as_text()) is not None
+    """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device:
+    the module holds an XLA dot op. Pallas kernels are custom calls and hold none (their
+    serialized IR names ``dot_general`` in its locations, so the module's text would)."""
+    return any(op.name in _XLA_DOTS for op in ops(lowered.compiler_ir("stablehlo")))
 
 
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
