@@ -160,6 +160,7 @@ def main() -> None:
         entry = {"key": text, "wall_s": wall, "winner": decision.winner,
                  "phase_seconds": decision.bounds.get("phase_seconds"),
                  "results": [{"name": r.name, "outcome": r.outcome, "compile_s": r.compile_seconds,
+                              "compile_wait_s": r.compile_wait_seconds,
                               "score_us": None if r.score is None else r.score * 1e6}
                              for r in decision.results],
                  "timeline": sorted(timer.events, key=lambda e: e["start"])}

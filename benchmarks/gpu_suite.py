@@ -145,6 +145,8 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
                "outcomes": {r.name: r.outcome for r in decision.results},
                "scores_us": {r.name: r.score * 1e6 for r in decision.results if r.score is not None},
                "compile_s": {r.name: r.compile_seconds for r in decision.results if r.compile_seconds is not None},
+               "compile_wait_s": {r.name: r.compile_wait_seconds for r in decision.results
+                                  if r.compile_wait_seconds is not None},
                "reason": decision.reason}
         row["xla_us"], row["tuned_us"], row["xla_again_us"] = peers.interleaved_device_us((xla, tuned, xla_again), operands)
         case = (c.dtype, c.batch, c.m, c.n, c.k, c.transpose_b)
@@ -157,7 +159,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
         row["vs_best_peer"] = row["best_peer_us"] / row["tuned_us"]
         row["vs_xla"] = row["xla_us"] / row["tuned_us"]
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "scores_us", "compile_s", "phase_seconds")}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("outcomes", "scores_us", "compile_s", "compile_wait_s", "phase_seconds")}), flush=True)
     print("stats", json.dumps(jat.stats()), flush=True)
     return rows
 
@@ -236,8 +238,11 @@ def report(rows, warm, command, exhaustive_budget_s) -> str:
 
 
 def xla_compile_s(row) -> float | None:
-    """Seconds the key's tuning spent compiling XLA's dot (XLA's GEMM autotuner runs in it)."""
-    return row.get("compile_s", {}).get("xla_dot")
+    """Seconds the key's tuning spent compiling XLA's dot (XLA's GEMM autotuner runs in
+    it), less its wait for the device where the run recorded that (in results written
+    before ``compile_wait_s`` existed, the wait is included)."""
+    seconds = row.get("compile_s", {}).get("xla_dot")
+    return None if seconds is None else seconds - row.get("compile_wait_s", {}).get("xla_dot", 0.0)
 
 
 def spread(rows) -> str:

@@ -50,3 +50,53 @@ def test_a_waiting_exclusive_holder_goes_before_new_shared_ones():
     t_out.set()
     x.join()
     late.join()
+
+
+def test_each_thread_counts_its_own_waits_for_the_lock():
+    ticks = iter(range(0, 1000, 5))
+    lock = DeviceLock(clock=lambda: next(ticks))  # every wait lasts 5 ticks
+    with lock.shared():
+        pass
+    with lock.exclusive():
+        pass
+    other = []
+
+    def in_another_thread():
+        other.append(lock.waited_seconds())
+        with lock.shared():
+            other.append(lock.waited_seconds())
+
+    thread = threading.Thread(target=in_another_thread)
+    thread.start()
+    thread.join()
+    assert lock.waited_seconds() == 10 and other == [0.0, 5]
+
+
+def test_a_compile_records_the_time_it_waited_for_the_device():
+    # the compile of an XLA dot holds the device alone: it waits while a kernel run holds
+    # it shared; a compile that takes no part of the lock records no wait at all
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.tuning import timing
+    from jax_autotune.tuning.bench import CompileQueue
+    from fakes import FakeTimer, fake_candidate
+
+    class ExclusiveTimer(FakeTimer):
+        def prepare(self, candidate, problem, args):
+            with timing.DEVICE_LOCK.exclusive():
+                return super().prepare(candidate, problem, args)
+
+    problem = MatmulProblem(1, 8, 8, 8, "float32", "float32", "float32")
+    xla, pallas = fake_candidate("xla_like"), fake_candidate("pallas_like")
+    locking, free = (CompileQueue(timer, problem, (None, None), threads=1)
+                     for timer in (ExclusiveTimer({}), FakeTimer({})))
+    lock = timing.DEVICE_LOCK
+    with lock.shared():
+        locking.start(xla)
+        with lock._cond:  # the compile is now queued behind this shared hold
+            lock._cond.wait_for(lambda: lock._waiting == 1, timeout=5.0)
+        free.result(pallas)
+    locking.result(xla)
+    assert 0 < locking.waits["xla_like"] <= locking.seconds["xla_like"]
+    assert free.waits["pallas_like"] == 0.0
+    locking.close()
+    free.close()

@@ -50,7 +50,7 @@ from jax_autotune.tuning.decision import CandidateResult
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.threads import carrying_x64
-from jax_autotune.tuning.timing import Measurement, Timer
+from jax_autotune.tuning.timing import DEVICE_LOCK, Measurement, Timer
 
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
@@ -84,6 +84,7 @@ class CompileQueue:
     def __init__(self, timer: Timer, problem: MatmulProblem, inputs: tuple[Any, Any], threads: int):
         self.timer, self.problem, self.inputs = timer, problem, inputs
         self.seconds: dict[str, float] = {}  # wall time of each compile
+        self.waits: dict[str, float] = {}  # of which waiting for the device (``DEVICE_LOCK``)
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, threads))
         self._futures: dict[str, concurrent.futures.Future] = {}
 
@@ -101,13 +102,14 @@ class CompileQueue:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _prepare(self, candidate: Candidate):
-        started = time.perf_counter()
+        started, waited = time.perf_counter(), DEVICE_LOCK.waited_seconds()
         try:
             return self.timer.prepare(candidate, self.problem, self.inputs), None
         except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
             return None, err
         finally:
             self.seconds[candidate.name] = time.perf_counter() - started
+            self.waits[candidate.name] = DEVICE_LOCK.waited_seconds() - waited
 
 
 class KeyBenchmark:
@@ -297,4 +299,5 @@ class KeyBenchmark:
 
     def _record(self, name: str, outcome: str, label: str, **fields) -> None:
         self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
-                                             compile_seconds=self.compiles.seconds.get(name), **fields)
+                                             compile_seconds=self.compiles.seconds.get(name),
+                                             compile_wait_seconds=self.compiles.waits.get(name), **fields)

@@ -49,6 +49,7 @@ class CandidateResult:
     rel_error: float | None = None
     error: str = ""
     compile_seconds: float | None = None  # wall time to compile (and calibrate) it
+    compile_wait_seconds: float | None = None  # of that, waiting for the device to be free
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:

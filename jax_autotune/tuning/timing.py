@@ -57,21 +57,33 @@ class DeviceLock:
     neither sees the other's kernels or shares the device with them. Anything else that
     runs kernels (a reference, a correctness check, a warm-up run) holds it ``shared()``
     and may overlap the rest. A waiting exclusive holder goes before new shared ones.
+    ``waited_seconds()`` is how long the calling thread has waited for the lock so far.
 
         >>> with DEVICE_LOCK.exclusive():
         ...     times = measure(compiled)(lhs, rhs)
     """
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
         self._cond = threading.Condition()
         self._shared = 0
         self._exclusive = False
         self._waiting = 0  # exclusive holders waiting
+        self._clock = clock
+        self._waited = threading.local()
+
+    def waited_seconds(self) -> float:
+        """Seconds the calling thread has spent waiting to acquire this lock, in all."""
+        return getattr(self._waited, "seconds", 0.0)
+
+    def _wait_for(self, ready) -> None:  # with self._cond held
+        start = self._clock()
+        self._cond.wait_for(ready)
+        self._waited.seconds = self.waited_seconds() + self._clock() - start
 
     @contextlib.contextmanager
     def shared(self):
         with self._cond:
-            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._wait_for(lambda: not self._exclusive and not self._waiting)
             self._shared += 1
         try:
             yield
@@ -84,7 +96,7 @@ class DeviceLock:
     def exclusive(self):
         with self._cond:
             self._waiting += 1
-            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._wait_for(lambda: not self._exclusive and not self._shared)
             self._waiting -= 1
             self._exclusive = True
         try:
