@@ -19,7 +19,6 @@ XLA dot compiled alone and beside them. Writes xla_compile_cost.json to --out.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -110,13 +109,14 @@ def threads_test(tuner, count: int = 3) -> dict:
     def lowered(candidate, size):
         return lower_square(candidate, size, device)
 
-    timed, together = compile_seconds, functools.partial(in_threads, compile_seconds)
+    def together(lows):
+        return in_threads(compile_seconds, lows)
 
-    result = {"pallas_serial_s": [timed(lowered(gemm, next(sizes))) for _ in range(count)]}
+    result = {"pallas_serial_s": [compile_seconds(lowered(gemm, next(sizes))) for _ in range(count)]}
     result["pallas_threads_s"], result["pallas_threads_wall_s"] = together(
         [lowered(gemm, next(sizes)) for _ in range(count)])
     xla = tuner.candidate("xla_dot")
-    result["xla_alone_s"] = timed(lowered(xla, next(sizes) + 1))  # misaligned: a long autotune
+    result["xla_alone_s"] = compile_seconds(lowered(xla, next(sizes) + 1))  # misaligned: a long autotune
     each, wall = together([lowered(xla, next(sizes) + 1)] + [lowered(gemm, next(sizes)) for _ in range(count)])
     result["xla_beside_pallas_s"], result["pallas_beside_xla_s"], result["beside_wall_s"] = each[0], each[1:], wall
     print("threads", json.dumps(result), flush=True)
