@@ -14,7 +14,10 @@ report lists the keys that compile asked for.
 
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
-keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one.
+keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. On a
+GPU, XLA's GEMM autotuner first tunes the XLA dots of every key to be tuned in a single
+compile (``Tuner.prime``), which keeps all cores busy; each key's own compiles of them
+then take XLA's kept choices.
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
+    tuner.prime(first_problem.items())  # on a GPU: XLA autotunes every key's dots in one compile
     show = sys.stderr.isatty() if progress is None else progress
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),

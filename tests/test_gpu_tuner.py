@@ -77,3 +77,22 @@ def test_a_pallas_candidate_compiles_while_a_kernel_run_holds_the_device():
         compiled = pool.submit(compile_candidate, candidate, problem, args).result(timeout=120)
     want = np.matmul(np.asarray(args[0], np.float64), np.asarray(args[1], np.float64))
     assert rel_error(compiled(*args), want) < 2e-2
+
+
+def test_priming_autotunes_a_misaligned_keys_xla_candidates_once_and_tuning_reuses_it(fresh_tuning):
+    from jax_autotune.tuning import counters
+
+    tuner = tuner_for("gpu")
+    problem = jat.MatmulProblem(1, 1031, 1029, 1027, "bfloat16", "bfloat16", "bfloat16")  # new here
+    key = problem.key()
+    primed = tuner.prime([(key, problem)])
+    assert primed >= 2  # XLA's dot and the padded one behind a barrier, in one compile
+    before = counters.stats()["xla_primed"]
+    decision = tuner.select(problem, key)
+    assert counters.stats()["xla_primed"] == before  # the tune took XLA's kept choices
+    for name in ("xla_dot", "padded_xla_dot_a64_barrier_rows"):
+        assert decision.result(name).outcome == "ok", decision.result(name)
+    lhs, rhs = random_operands(problem, tuner._jax_device(), seed=3)
+    out = jax.jit(tuner.candidate(decision.winner).bound(problem))(lhs, rhs)
+    want = np.matmul(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
+    assert rel_error(out, want) < 2e-2

@@ -52,4 +52,4 @@ def xla_dot(lhs, rhs, problem: MatmulProblem, precision: Precision | str | None 
     return out.astype(problem.out_dtype)
 
 
-XLA_DOT = Candidate(XLA_DOT_NAME, xla_dot, params={})
+XLA_DOT = Candidate(XLA_DOT_NAME, xla_dot, params={}, xla_autotuned=True)

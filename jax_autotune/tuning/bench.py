@@ -49,6 +49,7 @@ from jax_autotune.tuning.correctness import check
 from jax_autotune.tuning.decision import CandidateResult
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.tuning import xla_priming
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import DEVICE_LOCK, Measurement, Timer
 
@@ -87,6 +88,14 @@ class CompileQueue:
         self.waits: dict[str, float] = {}  # of which waiting for the device (``DEVICE_LOCK``)
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, threads))
         self._futures: dict[str, concurrent.futures.Future] = {}
+        self._priming: concurrent.futures.Future | None = None
+
+    def prime(self, candidates: Sequence[Candidate], device) -> None:
+        """Autotune the XLA dots of ``candidates`` together, in one compile, before any of
+        them compiles on its own (``xla_priming``); call it before ``start``."""
+        pairs = xla_priming.to_prime([(self.problem, c) for c in candidates], device)
+        if len(pairs) >= 2:
+            self._priming = self._pool.submit(carrying_x64(xla_priming.prime), pairs, device)
 
     def start(self, candidate: Candidate) -> None:
         if candidate.name not in self._futures:
@@ -104,6 +113,8 @@ class CompileQueue:
     def _prepare(self, candidate: Candidate):
         started, waited = time.perf_counter(), DEVICE_LOCK.waited_seconds()
         try:
+            if candidate.xla_autotuned and self._priming is not None:
+                self._priming.result()  # then XLA takes the choice it keeps
             return self.timer.prepare(candidate, self.problem, self.inputs), None
         except Exception as err:  # noqa: BLE001 - a failing candidate is recorded
             return None, err

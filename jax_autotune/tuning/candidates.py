@@ -49,6 +49,9 @@ class Candidate:
     # compiles in milliseconds (a library or FFI call, no kernel of its own to generate):
     # measured right after the baseline, and never skipped by the cost model
     quick_compile: bool = False
+    # holds an XLA dot, so compiling it on a GPU runs XLA's GEMM autotuner: a key's such
+    # candidates are autotuned together, in one compile, before their own (``xla_priming``)
+    xla_autotuned: bool = False
 
     def runs(self, device: DeviceInfo, key: MatmulKey) -> bool:
         """``supports(device, key)``, a rule that raises read as: not supported.

@@ -7,7 +7,9 @@
 Keys: ``tuned`` (keys benchmarked), ``memory_hits``, ``store_hits``,
 ``candidate_compiles``, ``candidate_runs`` (matmuls executed while tuning, repetitions
 included), ``probe_launches``, ``tuning_seconds`` (wall time spent tuning), ``fallbacks``
-(decisions that fell back to XLA's dot because nothing else was valid or allowed).
+(decisions that fell back to XLA's dot because nothing else was valid or allowed),
+``xla_primed`` (XLA-based candidates whose dots XLA's GEMM autotuner tuned ahead, several
+in one compile: ``tuning.xla_priming``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import threading
 
 COUNTERS = ("tuned", "memory_hits", "store_hits", "candidate_compiles", "candidate_runs",
-            "probe_launches", "tuning_seconds", "fallbacks")
+            "probe_launches", "tuning_seconds", "fallbacks", "xla_primed")
 
 _lock = threading.Lock()
 _counts: dict[str, float] = dict.fromkeys(COUNTERS, 0)

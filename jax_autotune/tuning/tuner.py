@@ -41,7 +41,7 @@ import jax
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import counters
+from jax_autotune.tuning import counters, xla_priming
 from jax_autotune.tuning.bench import CompileQueue, KeyBenchmark
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
 from jax_autotune.tuning.consensus import (JaxAutotuneConsensusWarning, current_job, decide_in_job,
@@ -396,6 +396,8 @@ class Tuner:
                 # device time is not disturbed by host work: XLA's dot compiles and the
                 # probes run while the reference is computed (with a host clock, the probes
                 # must run alone)
+                if self.device.platform == "gpu":
+                    compiles.prime(_xla_round(plan), self._jax_device())
                 compiles.start(plan.baseline)
                 peaks_future = side.submit(carrying_x64(self.probes.peaks_for), problem)
             with phases("reference"):
@@ -429,10 +431,30 @@ class Tuner:
                             **{**fields, "source": "fallback"})
         return Decision(winner=winner, **details, **fields)
 
+    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]]) -> int:
+        """On a GPU, autotune in one compile the XLA dots of every key of ``work`` that
+        will be tuned (``tuning.xla_priming``): their tunings then take XLA's kept
+        choices. How many XLA-based candidates it primed.
+
+            >>> tuner.prime([(problem.key(), problem) for problem in problems])
+            14
+        """
+        if self.device.platform != "gpu" or config.get("mode") != "tune":
+            return 0
+        pairs = [(problem, candidate) for key, problem in work if self.lookup(key) is None
+                 for candidate in _xla_round(make_plan(self.candidate_set, key, self.device))]
+        return xla_priming.prime(pairs, self._jax_device())
+
     def _jax_device(self):
         if self.jax_device is None:
             self.jax_device = jax.local_devices(backend=self.device.platform)[0]
         return self.jax_device
+
+
+def _xla_round(plan) -> tuple[Candidate, ...]:
+    """The baseline and the first round's candidates that run XLA's GEMM autotuner."""
+    first = plan.runnable[0].candidates if plan.runnable else ()
+    return tuple(c for c in (plan.baseline, *first) if c.xla_autotuned)
 
 
 def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:

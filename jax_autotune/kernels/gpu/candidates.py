@@ -441,7 +441,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                           padded(xla_dot, PADDED_XLA_ALIGN),
                           params={"family": "padded", "align": PADDED_XLA_ALIGN},
                           supports=_padded_supports(None),
-                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN)),
+                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
                 padded_group, lambda key: LOWER)
     for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
         algorithms = range(CUBLASLT_ALGORITHMS) if align == PADDED_TOP_ALIGN else range(1)
@@ -462,11 +462,12 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                               params={"family": "padded", "align": align, "barrier": True,
                                       "misaligned_only": True},
                               supports=_padded_supports(None),
-                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True)),
+                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                              xla_autotuned=True),
                     padded_group, _align_tier(align))
     builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
                           supports=_padded_supports(None),
-                          cost=functools.partial(xla_cost, launches=2)),
+                          cost=functools.partial(xla_cost, launches=2), xla_autotuned=True),
                 split_k, lambda key: TOP)
 
     for config in VECTOR_CONFIGS:

@@ -1,0 +1,97 @@
+"""XLA's GEMM autotuner over many dots at once, in one compile ahead of their own.
+
+Compiling an XLA dot on a GPU runs XLA's GEMM autotuner: it compiles a few dozen kernel
+configs for the dot's fusion on a thread pool, times them on the device, and keeps the
+fastest for the rest of the process. Nearly all of that is compiling on the host (the
+timing is a small part), and one fusion's configs do not keep every core busy. A module
+that holds many dots autotunes all their fusions in one pass, their configs compiled
+side by side; a later compile of one of those dots alone takes the choice XLA kept
+(the same kernel, in a fraction of the time). So the tuner primes: before a key's
+round, the round's XLA-based candidates (``Candidate.xla_autotuned``) in one compile,
+and ``warmup`` does it once for every key it will tune.
+
+The priming compile holds the device alone (``DEVICE_LOCK``), as any compile of an XLA
+dot does, so that XLA's timings are undisturbed. Its executable is dropped. A failure
+costs nothing but the time: each candidate then autotunes in its own compile.
+
+    >>> primed = prime([(problem, XLA_DOT), (problem, padded_barrier)], jax_device)
+    >>> primed      # how many pairs this compile autotuned (0: nothing to do, or failed)
+    2
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable, Sequence
+
+import jax
+
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning import counters
+from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.timing import DEVICE_LOCK
+
+Pair = tuple[MatmulProblem, Candidate]
+
+_lock = threading.Lock()
+_primed: set[tuple] = set()  # (device id, problem, candidate name): XLA keeps their choices
+
+
+def _mark(device, problem: MatmulProblem, candidate: Candidate) -> tuple:
+    return (device.id, problem, candidate.name)
+
+
+def is_primed(problem: MatmulProblem, candidate: Candidate, device) -> bool:
+    with _lock:
+        return _mark(device, problem, candidate) in _primed
+
+
+def to_prime(pairs: Iterable[Pair], device) -> list[Pair]:
+    """The XLA-autotuned pairs, without repeats and those primed already in this process."""
+    seen, todo = set(), []
+    for problem, candidate in pairs:
+        mark = _mark(device, problem, candidate)
+        if candidate.xla_autotuned and mark not in seen and not is_primed(problem, candidate, device):
+            seen.add(mark)
+            todo.append((problem, candidate))
+    return todo
+
+
+def prime(pairs: Iterable[Pair], device) -> int:
+    """Autotune the XLA dots of ``pairs`` (problem, candidate) on ``device`` in one compile;
+    the number of pairs it autotuned. Fewer than two to do is 0: one dot gains nothing."""
+    todo = to_prime(pairs, device)
+    if len(todo) < 2:
+        return 0
+    try:
+        _compile_together(todo, device)
+    except Exception:  # noqa: BLE001 - priming only saves time; each compile autotunes itself
+        return 0
+    with _lock:
+        _primed.update(_mark(device, p, c) for p, c in todo)
+    counters.bump("xla_primed", len(todo))
+    return len(todo)
+
+
+def _compile_together(pairs: Sequence[Pair], device) -> None:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+             for problem, _ in pairs
+             for shape, dtype in ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))]
+
+    def every_dot(*operands):
+        return tuple(candidate.fn(operands[2 * i], operands[2 * i + 1], problem)
+                     for i, (problem, candidate) in enumerate(pairs))
+
+    lowered = jax.jit(every_dot).lower(*specs)
+    with DEVICE_LOCK.exclusive():
+        lowered.compile()
+
+
+def forget() -> None:
+    """Forget what was primed (tests; XLA itself keeps its choices for the process)."""
+    with _lock:
+        _primed.clear()
+
+
+__all__ = ["prime", "to_prime", "is_primed", "forget"]

@@ -1,0 +1,183 @@
+"""Priming: XLA's GEMM autotuner run over many XLA-based candidates in one compile first."""
+
+import dataclasses
+import threading
+
+import jax
+import pytest
+
+from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
+from jax_autotune import config
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning import counters, xla_priming
+from jax_autotune.tuning.bench import CompileQueue
+from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.roofline import Peaks
+from jax_autotune.tuning.tuner import Tuner
+
+P1 = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
+P2 = MatmulProblem(1, 7, 5, 3, "float32", "float32", "float32")
+GPU = DeviceInfo("gpu", "fake-gpu", 1 << 30, (9, 0), frozenset())
+DEVICE = jax.devices("cpu")[0]
+
+
+def xla_like(name: str):
+    return dataclasses.replace(fake_candidate(name), xla_autotuned=True)
+
+
+XLA, PADDED, PALLAS = xla_like("xla_dot"), xla_like("padded_like"), fake_candidate("pallas_like")
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    config.reset()
+    counters.reset_stats()
+    xla_priming.forget()
+    yield
+    xla_priming.forget()
+    config.reset()
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """The pairs of each priming compile, in order (nothing is compiled)."""
+    calls = []
+    monkeypatch.setattr(xla_priming, "_compile_together", lambda pairs, device: calls.append(
+        [(p, c.name) for p, c in pairs]))
+    return calls
+
+
+def test_prime_compiles_each_xla_autotuned_pair_once_and_only_once(compiled):
+    pairs = [(P1, XLA), (P1, PALLAS), (P2, XLA), (P1, XLA), (P1, PADDED)]
+    assert xla_priming.prime(pairs, DEVICE) == 3
+    assert compiled == [[(P1, "xla_dot"), (P2, "xla_dot"), (P1, "padded_like")]]
+    assert xla_priming.is_primed(P2, XLA, DEVICE) and not xla_priming.is_primed(P1, PALLAS, DEVICE)
+    assert counters.stats()["xla_primed"] == 3
+    # primed already: XLA keeps those choices for the process, nothing to compile again
+    assert xla_priming.prime(pairs + [(P2, PADDED)], DEVICE) == 0
+    assert len(compiled) == 1 and not xla_priming.is_primed(P2, PADDED, DEVICE)
+
+
+def test_a_single_dot_is_not_worth_a_priming_compile(compiled):
+    assert xla_priming.prime([(P1, XLA), (P1, PALLAS)], DEVICE) == 0
+    assert compiled == [] and not xla_priming.is_primed(P1, XLA, DEVICE)
+
+
+def test_a_failing_priming_compile_costs_only_its_time(monkeypatch):
+    def fail(pairs, device):
+        raise RuntimeError("XLA could not compile it")
+    monkeypatch.setattr(xla_priming, "_compile_together", fail)
+    assert xla_priming.prime([(P1, XLA), (P2, XLA)], DEVICE) == 0
+    assert not xla_priming.is_primed(P1, XLA, DEVICE)
+    assert counters.stats()["xla_primed"] == 0
+
+
+def test_the_priming_compile_lowers_every_dot_into_one_module_and_holds_the_device_alone(monkeypatch):
+    held, compiled_text = [], []
+
+    class SpyLock:
+        def exclusive(self):
+            class Held:
+                def __enter__(self):
+                    held.append("exclusive")
+
+                def __exit__(self, *exc):
+                    held.append("released")
+            return Held()
+
+    original = jax.stages.Lowered.compile
+
+    def compile_and_look(self, *args, **kwargs):
+        compiled_text.append(self.as_text())
+        assert held == ["exclusive"], "compiled outside the exclusive hold"
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(xla_priming, "DEVICE_LOCK", SpyLock())
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_look)
+    real_xla = dataclasses.replace(XLA)  # xla_dot itself: fake_candidate's fn is lax's dot
+    assert xla_priming.prime([(P1, real_xla), (P2, real_xla)], DEVICE) == 2
+    assert held == ["exclusive", "released"] and len(compiled_text) == 1
+    assert compiled_text[0].count("dot_general") == 2
+
+
+def test_a_queue_compiles_its_xla_candidates_only_after_priming_them(monkeypatch):
+    release, primed = threading.Event(), []
+
+    def slow_prime(pairs, device):
+        primed.append([c.name for _, c in pairs])
+        assert release.wait(10)
+        return len(pairs)
+
+    monkeypatch.setattr(xla_priming, "prime", slow_prime)
+    timer = FakeTimer({})
+    queue = CompileQueue(timer, P1, (None, None), threads=3)
+    queue.prime([XLA, PALLAS, PADDED], DEVICE)
+    queue.start(XLA)
+    queue.result(PALLAS)  # not XLA-based: compiles while the priming runs
+    assert timer.prepared == ["pallas_like"] and primed == [["xla_dot", "padded_like"]]
+    release.set()
+    queue.result(XLA)
+    queue.result(PADDED)
+    assert sorted(timer.prepared) == ["padded_like", "pallas_like", "xla_dot"]
+    queue.close()
+
+
+def test_a_queue_with_one_xla_candidate_does_not_prime(monkeypatch):
+    monkeypatch.setattr(xla_priming, "prime", lambda pairs, device: pytest.fail("primed"))
+    queue = CompileQueue(FakeTimer({}), P1, (None, None), threads=2)
+    queue.prime([XLA, PALLAS], DEVICE)
+    queue.result(XLA)
+    queue.close()
+
+
+class FakeProbes:
+    def peaks_for(self, problem):
+        return Peaks(compute=1e12, bandwidth=1e11, launch_overhead=1e-6)
+
+
+def gpu_tuner(store, device=GPU):
+    # round "top" (tier 2) has an XLA-based and a Pallas-like candidate; tier 1 another XLA one
+    cset = candidate_set([("g", 1)], [(PADDED, [("g", 2)]), (PALLAS, [("g", 2)]),
+                                      (xla_like("lower_tier_xla"), [("g", 1)])])
+    cset = dataclasses.replace(cset, candidates=(XLA, *cset.candidates[1:]))
+    timer = FakeTimer({"xla_dot": [3.0], "padded_like": [1.0], "pallas_like": [2.0], "lower_tier_xla": [4.0]},
+                      real_outputs=True)
+    return Tuner(device, cset, jax_device=DEVICE, timer=timer, store=store, clock=FakeClock(),
+                 probes=FakeProbes())
+
+
+@pytest.fixture
+def primes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(xla_priming, "prime", lambda pairs, device: calls.append(
+        [(p, c.name) for p, c in pairs]) or len(calls[-1]))
+    return calls
+
+
+def test_a_cold_tune_on_a_gpu_primes_the_baseline_and_its_rounds_xla_candidates(store, primes):
+    decision = gpu_tuner(store).select(P1)
+    assert decision.source == "tuned" and decision.winner == "padded_like"
+    assert primes == [[(P1, "xla_dot"), (P1, "padded_like")]]  # not the lower tier's
+
+
+def test_tuner_prime_covers_the_keys_it_will_tune_and_no_others(store, primes):
+    tuner = gpu_tuner(store)
+    tuner.select(P1)  # decided: in memory now
+    primes.clear()
+    work = [(P1.key(), P1), (P2.key(), P2)]
+    assert tuner.prime(work) == 2
+    assert primes == [[(P2, "xla_dot"), (P2, "padded_like")]]
+    config.update("mode", "cached")  # nothing will be tuned
+    assert tuner.prime(work) == 0 and len(primes) == 1
+    config.update("mode", "tune")
+    assert gpu_tuner(store, device=CPU).prime(work) == 0 and len(primes) == 1  # no GPU autotuner
+
+
+def test_warmup_primes_every_key_before_tuning_them(monkeypatch, fresh_tuning):
+    import jax_autotune as jat
+
+    seen = []
+    monkeypatch.setattr(Tuner, "prime", lambda self, work: seen.append(sorted(p.m for _, p in work)) or 0)
+    config.update("mode", "off")  # the keys are not tuned: only the call is looked at
+    report = jat.warmup([(16, 8, 12), (7, 5, 3)], dtype="float32", platform="cpu")
+    assert seen == [[7, 16]] and len(report) == 2
