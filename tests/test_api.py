@@ -342,6 +342,9 @@ class _ConcurrencyTuner:
         self.barrier = threading.Barrier(2, timeout=30) if device_time else None
         self.lock, self.running, self.most, self.keys, self.x64 = threading.Lock(), 0, 0, [], []
 
+    def prime(self, work):
+        return 0
+
     def select(self, problem, key):
         from jax_autotune.tuning.decision import Decision
 

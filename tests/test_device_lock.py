@@ -2,7 +2,7 @@
 
 import threading
 
-from jax_autotune.tuning.timing import DeviceLock
+from jax_autotune.tuning.device_lock import DeviceLock
 
 
 def hold(lock_context, entered: threading.Event, release: threading.Event):
@@ -76,20 +76,20 @@ def test_a_compile_records_the_time_it_waited_for_the_device():
     # the compile of an XLA dot holds the device alone: it waits while a kernel run holds
     # it shared; a compile that takes no part of the lock records no wait at all
     from jax_autotune.problem import MatmulProblem
-    from jax_autotune.tuning import timing
+    from jax_autotune.tuning import device_lock
     from jax_autotune.tuning.bench import CompileQueue
     from fakes import FakeTimer, fake_candidate
 
     class ExclusiveTimer(FakeTimer):
         def prepare(self, candidate, problem, args):
-            with timing.DEVICE_LOCK.exclusive():
+            with device_lock.DEVICE_LOCK.exclusive():
                 return super().prepare(candidate, problem, args)
 
     problem = MatmulProblem(1, 8, 8, 8, "float32", "float32", "float32")
     xla, pallas = fake_candidate("xla_like"), fake_candidate("pallas_like")
     locking, free = (CompileQueue(timer, problem, (None, None), threads=1)
                      for timer in (ExclusiveTimer({}), FakeTimer({})))
-    lock = timing.DEVICE_LOCK
+    lock = device_lock.DEVICE_LOCK
     with lock.shared():
         locking.start(xla)
         with lock._cond:  # the compile is now queued behind this shared hold

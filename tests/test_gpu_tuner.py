@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jax_autotune as jat
-from jax_autotune.tuning.timing import DEVICE_LOCK, DeviceTimer, compile_candidate, random_operands
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
+from jax_autotune.tuning.timing import DeviceTimer, compile_candidate, random_operands
 from jax_autotune.tuners import tuner_for
 
 pytestmark = pytest.mark.gpu
@@ -96,3 +97,20 @@ def test_priming_autotunes_a_misaligned_keys_xla_candidates_once_and_tuning_reus
     out = jax.jit(tuner.candidate(decision.winner).bound(problem))(lhs, rhs)
     want = np.matmul(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
     assert rel_error(out, want) < 2e-2
+
+
+def test_xla_refuses_to_autotune_under_kept_choices_only_and_a_primed_dot_compiles_under_it(fresh_tuning):
+    from jax_autotune.tuning import xla_priming
+
+    tuner = tuner_for("gpu")
+    device = tuner._jax_device()
+    primed, fresh = (jat.MatmulProblem(1, m, m + 2, m + 4, "bfloat16", "bfloat16", "bfloat16")
+                     for m in (1037, 1043))  # shapes no other test compiles
+    xla = tuner.candidate("xla_dot")
+    padded = tuner.candidate("padded_xla_dot_a64_barrier_rows")
+    assert xla_priming.prime([(primed, xla), (primed, padded)], device) == 2
+    lowered = jax.jit(xla.bound(primed)).lower(*random_operands(primed, device))
+    assert xla_priming.compile_primed(lowered, primed, xla, device) is not None
+    unprimed = jax.jit(xla.bound(fresh)).lower(*random_operands(fresh, device))
+    with pytest.raises(Exception, match="(?i)autotun"):  # a miss is an error, not a run of kernels
+        unprimed.compile(compiler_options=xla_priming.KEPT_CHOICES_ONLY)

@@ -72,19 +72,26 @@ def test_a_failing_priming_compile_costs_only_its_time(monkeypatch):
     assert counters.stats()["xla_primed"] == 0
 
 
+class SpyLock:
+    def __init__(self):
+        self.held = []
+
+    def exclusive(self):
+        spy = self
+
+        class Held:
+            def __enter__(self):
+                spy.held.append("exclusive")
+
+            def __exit__(self, *exc):
+                return False
+        return Held()
+
+
 def test_the_priming_compile_lowers_every_dot_into_one_module_and_holds_the_device_alone(monkeypatch):
-    held, compiled_text = [], []
-
-    class SpyLock:
-        def exclusive(self):
-            class Held:
-                def __enter__(self):
-                    held.append("exclusive")
-
-                def __exit__(self, *exc):
-                    held.append("released")
-            return Held()
-
+    compiled_text = []
+    spy = SpyLock()
+    held = spy.held
     original = jax.stages.Lowered.compile
 
     def compile_and_look(self, *args, **kwargs):
@@ -92,11 +99,11 @@ def test_the_priming_compile_lowers_every_dot_into_one_module_and_holds_the_devi
         assert held == ["exclusive"], "compiled outside the exclusive hold"
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(xla_priming, "DEVICE_LOCK", SpyLock())
+    monkeypatch.setattr(xla_priming, "DEVICE_LOCK", spy)
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_look)
     real_xla = dataclasses.replace(XLA)  # xla_dot itself: fake_candidate's fn is lax's dot
     assert xla_priming.prime([(P1, real_xla), (P2, real_xla)], DEVICE) == 2
-    assert held == ["exclusive", "released"] and len(compiled_text) == 1
+    assert held == ["exclusive"] and len(compiled_text) == 1
     assert compiled_text[0].count("dot_general") == 2
 
 
@@ -181,3 +188,42 @@ def test_warmup_primes_every_key_before_tuning_them(monkeypatch, fresh_tuning):
     config.update("mode", "off")  # the keys are not tuned: only the call is looked at
     report = jat.warmup([(16, 8, 12), (7, 5, 3)], dtype="float32", platform="cpu")
     assert seen == [[7, 16]] and len(report) == 2
+
+
+def test_a_primed_candidate_compiles_without_holding_the_device_and_others_hold_it(monkeypatch, compiled):
+    import numpy as np
+    from jax_autotune.kernels.xla import XLA_DOT
+    from jax_autotune.tuning import timing
+
+    spy = SpyLock()
+    monkeypatch.setattr(timing, "DEVICE_LOCK", spy)
+    args = timing.random_operands(P1, DEVICE)
+    assert xla_priming.prime([(P1, XLA_DOT), (P2, XLA_DOT)], DEVICE) == 2
+    executable = timing.compile_candidate(XLA_DOT, P1, args)
+    assert spy.held == []  # compiled with XLA told to take only its kept choices
+    want = np.matmul(*(np.asarray(x, np.float64) for x in args))
+    assert np.allclose(np.asarray(executable(*args)), want, rtol=1e-5, atol=1e-4)
+    other = MatmulProblem(1, 9, 4, 6, "float32", "float32", "float32")
+    timing.compile_candidate(XLA_DOT, other, timing.random_operands(other, DEVICE))
+    assert spy.held == ["exclusive"]  # not primed: its compile may autotune
+
+
+def test_compile_primed_is_none_for_a_pair_not_primed_or_a_compile_that_fails(compiled):
+    class Lowered:
+        def __init__(self, error=None):
+            self.error, self.options = error, []
+
+        def compile(self, compiler_options=None):
+            self.options.append(compiler_options)
+            if self.error:
+                raise self.error
+            return "executable"
+
+    fine = Lowered()
+    assert xla_priming.compile_primed(fine, P1, XLA, DEVICE) is None and fine.options == []
+    xla_priming.prime([(P1, XLA), (P2, XLA)], DEVICE)
+    assert xla_priming.compile_primed(fine, P1, XLA, DEVICE) == "executable"
+    assert fine.options == [xla_priming.KEPT_CHOICES_ONLY]
+    missed = Lowered(RuntimeError("NOT_FOUND: Complete autotuning results are required"))
+    assert xla_priming.compile_primed(missed, P1, XLA, DEVICE) is None
+    assert xla_priming.compile_primed(fine, P1, XLA, None) is None

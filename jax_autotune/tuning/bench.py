@@ -51,7 +51,8 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning import xla_priming
 from jax_autotune.tuning.threads import carrying_x64
-from jax_autotune.tuning.timing import DEVICE_LOCK, Measurement, Timer
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
+from jax_autotune.tuning.timing import Measurement, Timer
 
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",

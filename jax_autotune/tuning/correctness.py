@@ -25,7 +25,8 @@ import numpy as np
 
 from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning.timing import DEVICE_LOCK, as_numpy
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
+from jax_autotune.tuning.timing import as_numpy
 
 HOST_REFERENCE_MAX_MACS = 2**31
 

@@ -15,9 +15,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import time
 from typing import Any, Protocol
 
@@ -26,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune.tuning import counters
+from jax_autotune.tuning import counters, xla_priming
 from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.module_ops import ops
 from jax_autotune.problem import MatmulProblem
 
@@ -48,68 +47,6 @@ class Timer(Protocol):
         """Compile ``candidate`` for ``args``; raises what the compiler raises."""
 
 
-class DeviceLock:
-    """Keeps every timing on the device alone there.
-
-    Two things time kernels while tuning: a CUPTI measurement (which also records every
-    kernel the process runs meanwhile) and XLA's GEMM autotuner, which runs and times
-    candidate kernels while it compiles a dot. Each holds the lock ``exclusive()``, so
-    neither sees the other's kernels or shares the device with them. Anything else that
-    runs kernels (a reference, a correctness check, a warm-up run) holds it ``shared()``
-    and may overlap the rest. A waiting exclusive holder goes before new shared ones.
-    ``waited_seconds()`` is how long the calling thread has waited for the lock so far.
-
-        >>> with DEVICE_LOCK.exclusive():
-        ...     times = measure(compiled)(lhs, rhs)
-    """
-
-    def __init__(self, clock=time.perf_counter):
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0  # exclusive holders waiting
-        self._clock = clock
-        self._waited = threading.local()
-
-    def waited_seconds(self) -> float:
-        """Seconds the calling thread has spent waiting to acquire this lock, in all."""
-        return getattr(self._waited, "seconds", 0.0)
-
-    def _wait_for(self, ready) -> None:  # with self._cond held
-        start = self._clock()
-        self._cond.wait_for(ready)
-        self._waited.seconds = self.waited_seconds() + self._clock() - start
-
-    @contextlib.contextmanager
-    def shared(self):
-        with self._cond:
-            self._wait_for(lambda: not self._exclusive and not self._waiting)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        with self._cond:
-            self._waiting += 1
-            self._wait_for(lambda: not self._exclusive and not self._shared)
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-DEVICE_LOCK = DeviceLock()
-
-
 _XLA_DOTS = frozenset({"stablehlo.dot_general", "stablehlo.dot"})
 
 
@@ -124,12 +61,20 @@ def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple)
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
     lowered = jax.jit(candidate.bound(problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
-        with DEVICE_LOCK.exclusive():
-            compiled = lowered.compile()
+        # primed: XLA takes the choice it keeps, no kernel runs; else it autotunes
+        compiled = xla_priming.compile_primed(lowered, problem, candidate, _device_of(args))
+        if compiled is None:
+            with DEVICE_LOCK.exclusive():
+                compiled = lowered.compile()
     else:
         compiled = lowered.compile()
     counters.bump("candidate_compiles")
     return compiled
+
+
+def _device_of(args: tuple):
+    devices = getattr(args[0], "devices", None) if args else None
+    return next(iter(devices())) if devices else None
 
 
 def _block(x):

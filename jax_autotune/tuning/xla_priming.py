@@ -11,8 +11,11 @@ round, the round's XLA-based candidates (``Candidate.xla_autotuned``) in one com
 and ``warmup`` does it once for every key it will tune.
 
 The priming compile holds the device alone (``DEVICE_LOCK``), as any compile of an XLA
-dot does, so that XLA's timings are undisturbed. Its executable is dropped. A failure
-costs nothing but the time: each candidate then autotunes in its own compile.
+dot does, so that XLA's timings are undisturbed; its executable is dropped. A primed
+candidate's own compile then runs no kernel and needs no hold of the device
+(``compile_primed``: XLA is told to fail rather than autotune, and a failure compiles it
+the usual way). A failed priming costs only its time: each candidate then autotunes in
+its own compile.
 
     >>> primed = prime([(problem, XLA_DOT), (problem, padded_barrier)], jax_device)
     >>> primed      # how many pairs this compile autotuned (0: nothing to do, or failed)
@@ -29,9 +32,10 @@ import jax
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters
 from jax_autotune.tuning.candidates import Candidate
-from jax_autotune.tuning.timing import DEVICE_LOCK
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
 
 Pair = tuple[MatmulProblem, Candidate]
+KEPT_CHOICES_ONLY = {"xla_gpu_require_complete_aot_autotune_results": True}
 
 _lock = threading.Lock()
 _primed: set[tuple] = set()  # (device id, problem, candidate name): XLA keeps their choices
@@ -88,10 +92,22 @@ def _compile_together(pairs: Sequence[Pair], device) -> None:
         lowered.compile()
 
 
+def compile_primed(lowered, problem: MatmulProblem, candidate: Candidate, device):
+    """``lowered`` compiled with XLA told to take only the choices it keeps (a miss is an
+    error, not a run of its autotuner), so that the compile needs no hold of the device;
+    None when the pair was not primed on ``device`` or XLA missed a choice."""
+    if device is None or not is_primed(problem, candidate, device):
+        return None
+    try:
+        return lowered.compile(compiler_options=KEPT_CHOICES_ONLY)
+    except Exception:  # noqa: BLE001 - a miss: the caller compiles it with the autotuner
+        return None
+
+
 def forget() -> None:
     """Forget what was primed (tests; XLA itself keeps its choices for the process)."""
     with _lock:
         _primed.clear()
 
 
-__all__ = ["prime", "to_prime", "is_primed", "forget"]
+__all__ = ["prime", "to_prime", "is_primed", "compile_primed", "forget", "KEPT_CHOICES_ONLY"]
