@@ -3,8 +3,9 @@
 For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 
 1. order the round: XLA's dot first (compiled and measured alone, so that when it
-   short-circuits nothing else is compiled), then the candidates that compile in
-   milliseconds (``quick_compile``: library and FFI calls), then the rest by estimated
+   short-circuits nothing else is compiled; on a GPU XLA autotunes the round's other
+   XLA-based candidates in the same compile, ``xla_priming``), then the candidates that
+   compile in milliseconds (``quick_compile``: library and FFI calls), then the rest by estimated
    cost; compile in parallel threads (``Timer.prepare``): all of a stage before timing
    with a host clock, a few ahead of the one being measured with a device timer;
    a costly-to-compile candidate whose estimate is over ``cost_skip_ratio`` x the best
@@ -76,9 +77,11 @@ class CompileQueue:
     """Candidates compiling in background threads (``Timer.prepare``), each at most once.
 
     The tuner starts XLA's dot here before the reference and the probes run, so that its
-    compile overlaps them; the benchmark then starts and collects the rest.
+    compile overlaps them; the benchmark then starts and collects the rest. ``prime``
+    first has XLA autotune the round's XLA-based candidates in one compile.
 
         >>> compiles = CompileQueue(timer, problem, inputs, threads=4)
+        >>> compiles.prime([xla_dot, padded_barrier], jax_device)
         >>> compiles.start(candidate)
         >>> measurement, error = compiles.result(candidate)   # waits for the compile
     """
