@@ -58,6 +58,23 @@ def test_prime_compiles_each_xla_autotuned_pair_once_and_only_once(compiled):
     assert len(compiled) == 1 and not xla_priming.is_primed(P2, PADDED, DEVICE)
 
 
+def test_a_long_list_is_primed_in_bounded_compiles_and_a_failing_one_loses_only_its_own(monkeypatch):
+    problems = [MatmulProblem(1, 8 + i, 8, 8, "float32", "float32", "float32") for i in range(7)]
+    calls = []
+
+    def compile_together(pairs, device):
+        calls.append(len(pairs))
+        if len(calls) == 2:
+            raise RuntimeError("XLA rejected one of them")
+
+    monkeypatch.setattr(xla_priming, "_compile_together", compile_together)
+    monkeypatch.setattr(xla_priming, "PAIRS_PER_COMPILE", 3)
+    assert xla_priming.prime([(p, XLA) for p in problems], DEVICE) == 4
+    assert calls == [3, 3, 1]
+    assert [xla_priming.is_primed(p, XLA, DEVICE) for p in problems] == [True] * 3 + [False] * 3 + [True]
+    assert counters.stats()["xla_primed"] == 4
+
+
 def test_a_single_dot_is_not_worth_a_priming_compile(compiled):
     assert xla_priming.prime([(P1, XLA), (P1, PALLAS)], DEVICE) == 0
     assert compiled == [] and not xla_priming.is_primed(P1, XLA, DEVICE)

@@ -36,6 +36,9 @@ from jax_autotune.tuning.device_lock import DEVICE_LOCK
 
 Pair = tuple[MatmulProblem, Candidate]
 KEPT_CHOICES_ONLY = {"xla_gpu_require_complete_aot_autotune_results": True}
+# a long warmup is split into compiles of this many, so that what one compile holds in
+# memory, and what a candidate that XLA rejects makes lose, stay bounded
+PAIRS_PER_COMPILE = 32
 
 _lock = threading.Lock()
 _primed: set[tuple] = set()  # (device id, problem, candidate name): XLA keeps their choices
@@ -62,19 +65,24 @@ def to_prime(pairs: Iterable[Pair], device) -> list[Pair]:
 
 
 def prime(pairs: Iterable[Pair], device) -> int:
-    """Autotune the XLA dots of ``pairs`` (problem, candidate) on ``device`` in one compile;
-    the number of pairs it autotuned. Fewer than two to do is 0: one dot gains nothing."""
+    """Autotune the XLA dots of ``pairs`` (problem, candidate) on ``device``, up to
+    ``PAIRS_PER_COMPILE`` in one compile; the number of pairs autotuned. Fewer than two to
+    do is 0: one dot alone gains nothing."""
     todo = to_prime(pairs, device)
     if len(todo) < 2:
         return 0
-    try:
-        _compile_together(todo, device)
-    except Exception:  # noqa: BLE001 - priming only saves time; each compile autotunes itself
-        return 0
-    with _lock:
-        _primed.update(_mark(device, p, c) for p, c in todo)
-    counters.bump("xla_primed", len(todo))
-    return len(todo)
+    primed = 0
+    for start in range(0, len(todo), PAIRS_PER_COMPILE):
+        chunk = todo[start:start + PAIRS_PER_COMPILE]
+        try:
+            _compile_together(chunk, device)
+        except Exception:  # noqa: BLE001 - priming only saves time; each compile autotunes itself
+            continue
+        with _lock:
+            _primed.update(_mark(device, p, c) for p, c in chunk)
+        primed += len(chunk)
+    counters.bump("xla_primed", primed)
+    return primed
 
 
 def _compile_together(pairs: Sequence[Pair], device) -> None:
@@ -110,4 +118,5 @@ def forget() -> None:
         _primed.clear()
 
 
-__all__ = ["prime", "to_prime", "is_primed", "compile_primed", "forget", "KEPT_CHOICES_ONLY"]
+__all__ = ["prime", "to_prime", "is_primed", "compile_primed", "forget", "KEPT_CHOICES_ONLY",
+           "PAIRS_PER_COMPILE"]
