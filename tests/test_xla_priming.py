@@ -6,11 +6,12 @@ import threading
 import jax
 import pytest
 
-from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
+from fakes import CPU, FakeClock, FakeTimer, fake_candidate
 from jax_autotune import config
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters, xla_priming
 from jax_autotune.tuning.bench import CompileQueue
+from jax_autotune.tuning.candidates import CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.tuner import Tuner
@@ -159,11 +160,20 @@ class FakeProbes:
         return Peaks(compute=1e12, bandwidth=1e11, launch_overhead=1e-6)
 
 
-def gpu_tuner(store, device=GPU):
-    # round "top" (tier 2) has an XLA-based and a Pallas-like candidate; tier 1 another XLA one
-    cset = candidate_set([("g", 1)], [(PADDED, [("g", 2)]), (PALLAS, [("g", 2)]),
-                                      (xla_like("lower_tier_xla"), [("g", 1)])])
-    cset = dataclasses.replace(cset, candidates=(XLA, *cset.candidates[1:]))
+def gpu_candidates(primes_xla: bool = True):
+    """Group "g": its top tier an XLA-based and a Pallas-like candidate, tier 1 another
+    XLA-based one."""
+    builder = CandidateSetBuilder("gpu", "fake-gpu")
+    builder.add(XLA)
+    group = builder.group("g", lambda key: 1, primes_xla=primes_xla)
+    builder.add(PADDED, group, lambda key: 2)
+    builder.add(PALLAS, group, lambda key: 2)
+    builder.add(xla_like("lower_tier_xla"), group, lambda key: 1)
+    return builder.build()
+
+
+def gpu_tuner(store, device=GPU, primes_xla: bool = True):
+    cset = gpu_candidates(primes_xla)
     timer = FakeTimer({"xla_dot": [3.0], "padded_like": [1.0], "pallas_like": [2.0], "lower_tier_xla": [4.0]},
                       real_outputs=True)
     return Tuner(device, cset, jax_device=DEVICE, timer=timer, store=store, clock=FakeClock(),
@@ -182,6 +192,14 @@ def test_a_cold_tune_on_a_gpu_primes_the_baseline_and_its_rounds_xla_candidates(
     decision = gpu_tuner(store).select(P1)
     assert decision.source == "tuned" and decision.winner == "padded_like"
     assert primes == [[(P1, "xla_dot"), (P1, "padded_like")]]  # not the lower tier's
+
+
+def test_a_round_whose_group_does_not_prime_compiles_its_xla_candidates_on_their_own(store, primes):
+    # a split-K round, say, often ends on a short-circuit before its XLA-based candidate
+    decision = gpu_tuner(store, primes_xla=False).select(P1)
+    assert decision.winner == "padded_like" and primes == []  # one dot: nothing to prime
+    assert gpu_tuner(store, primes_xla=False).prime([(P2.key(), P2), (P1.key(), P1)]) == 1
+    assert primes == [[(P2, "xla_dot")]]  # warmup still primes the baselines of its keys
 
 
 def test_tuner_prime_covers_the_keys_it_will_tune_and_no_others(store, primes):
@@ -244,3 +262,21 @@ def test_compile_primed_is_none_for_a_pair_not_primed_or_a_compile_that_fails(co
     missed = Lowered(RuntimeError("NOT_FOUND: Complete autotuning results are required"))
     assert xla_priming.compile_primed(missed, P1, XLA, DEVICE) is None
     assert xla_priming.compile_primed(fine, P1, XLA, None) is None
+
+
+def test_on_gpus_a_misaligned_keys_round_primes_and_a_split_k_round_does_not():
+    from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+    from jax_autotune.tuning.plan import make_plan
+    from jax_autotune.tuning.tuner import _xla_round
+
+    h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0), frozenset())
+    cset = gpu_candidate_set(h200)
+
+    def primed_names(m, n, k):
+        key = MatmulProblem(1, m, n, k, "bfloat16", "bfloat16", "bfloat16").key()
+        plan = make_plan(cset, key, h200)
+        assert any(c.xla_autotuned for c in plan.runnable[0].candidates)  # something to prime
+        return [c.name for c in _xla_round(plan)]
+
+    assert primed_names(1025, 1025, 1025) == ["xla_dot", "padded_xla_dot_a64_barrier_rows"]
+    assert primed_names(768, 768, 8192) == ["xla_dot"]  # split-K: xla_transposed compiles alone

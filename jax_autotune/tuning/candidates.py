@@ -96,6 +96,9 @@ class Group:
     name: str
     priority: PriorityFn
     index: int  # declaration order: breaks ties between groups of equal priority
+    # its round's XLA-based candidates are autotuned beside the baseline, in one compile
+    # (``xla_priming``): for rounds that seldom end before they are all compiled
+    primes_xla: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,10 +150,10 @@ class CandidateSetBuilder:
         self._groups: list[Group] = []
         self._memberships: list[Membership] = []
 
-    def group(self, name: str, priority: PriorityFn) -> Group:
+    def group(self, name: str, priority: PriorityFn, primes_xla: bool = False) -> Group:
         if any(g.name == name for g in self._groups):
             raise ValueError(f"group {name!r} is declared twice")
-        group = Group(name, priority, len(self._groups))
+        group = Group(name, priority, len(self._groups), primes_xla)
         self._groups.append(group)
         return group
 

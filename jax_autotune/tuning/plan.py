@@ -40,6 +40,7 @@ class Round:
     group: str
     tier: int  # the in-group priority of this tier (DEMOTED rounds: -1)
     candidates: tuple[Candidate, ...]
+    primes_xla: bool = False  # the group's ``primes_xla``
 
     @property
     def label(self) -> str:
@@ -94,7 +95,7 @@ def make_plan(candidate_set: CandidateSet, key: MatmulKey, device: DeviceInfo) -
             else:
                 demoted.append(candidate)
         for tier in sorted(tiers, reverse=True):
-            rounds.append(Round(group.name, tier, tuple(tiers[tier])))
+            rounds.append(Round(group.name, tier, tuple(tiers[tier]), group.primes_xla))
     if demoted:
         rounds.append(Round(DEMOTED, -1, tuple(demoted)))
     return Plan(baseline, tuple(rounds))

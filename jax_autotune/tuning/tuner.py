@@ -452,9 +452,11 @@ class Tuner:
 
 
 def _xla_round(plan) -> tuple[Candidate, ...]:
-    """The baseline and the first round's candidates that run XLA's GEMM autotuner."""
-    first = plan.runnable[0].candidates if plan.runnable else ()
-    return tuple(c for c in (plan.baseline, *first) if c.xla_autotuned)
+    """What to prime for a key: its baseline and, where the first round's group says so
+    (``Group.primes_xla``), that round's candidates that run XLA's GEMM autotuner."""
+    first = plan.runnable[0] if plan.runnable else None
+    beside = first.candidates if first is not None and first.primes_xla else ()
+    return tuple(c for c in (plan.baseline, *beside) if c.xla_autotuned)
 
 
 def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:

@@ -361,7 +361,10 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     hopper = (device.compute_capability or (0, 0)) >= (9, 0)
     sms = device.multiprocessors
 
-    padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP)
+    # a misaligned key's round seldom ends early (XLA's own dot there is far from the
+    # roofline), so its XLA-based candidates are autotuned together with XLA's dot
+    padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP,
+                                 primes_xla=True)
     skinny = builder.group(
         "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP)
     split_k = builder.group(
