@@ -15,7 +15,7 @@ report lists the keys that compile asked for.
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
 keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. On a
-GPU, XLA's GEMM autotuner first tunes the XLA dots of every key to be tuned in a single
+GPU, XLA's GEMM autotuner first tunes the XLA dots of every key to be tuned, many in one
 compile (``Tuner.prime``), which keeps all cores busy; each key's own compiles of them
 then take XLA's kept choices.
 """

@@ -26,7 +26,7 @@ import numpy as np
 from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
-from jax_autotune.tuning.timing import as_numpy
+from jax_autotune.tuning.timing import as_numpy, device_of
 
 HOST_REFERENCE_MAX_MACS = 2**31
 
@@ -171,7 +171,7 @@ def _compiled_summary(shape: tuple, dtype: str, sample: tuple, device):
 
 def _summary_for(ref: SampledReference, out):
     return _compiled_summary(tuple(out.shape), str(out.dtype),
-                             (ref.batches.size, ref.rows.size, ref.cols.size), _device_of(out))
+                             (ref.batches.size, ref.rows.size, ref.cols.size), device_of(out))
 
 
 def prepare_check(problem: MatmulProblem, ref, device) -> None:
@@ -180,10 +180,6 @@ def prepare_check(problem: MatmulProblem, ref, device) -> None:
     if isinstance(ref, SampledReference):
         _compiled_summary(problem.out_shape, problem.out_dtype,
                           (ref.batches.size, ref.rows.size, ref.cols.size), device)
-
-
-def _device_of(x: jax.Array):
-    return next(iter(x.devices()))
 
 
 def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None) -> Check:

@@ -62,7 +62,7 @@ def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple)
     lowered = jax.jit(candidate.bound(problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
         # primed: XLA takes the choice it keeps, no kernel runs; else it autotunes
-        compiled = xla_priming.compile_primed(lowered, problem, candidate, _device_of(args))
+        compiled = xla_priming.compile_primed(lowered, problem, candidate, device_of(args[0]) if args else None)
         if compiled is None:
             with DEVICE_LOCK.exclusive():
                 compiled = lowered.compile()
@@ -72,8 +72,9 @@ def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple)
     return compiled
 
 
-def _device_of(args: tuple):
-    devices = getattr(args[0], "devices", None) if args else None
+def device_of(x):
+    """The device a single-device jax array lives on; None for anything else."""
+    devices = getattr(x, "devices", None)
     return next(iter(devices())) if devices else None
 
 
