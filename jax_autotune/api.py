@@ -12,6 +12,7 @@ primitive.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import operator
@@ -25,7 +26,8 @@ from jax import lax
 import jax_autotune.config as config
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
-from jax_autotune.primitive import bind_matmul
+from jax_autotune.epilogue import Epilogue
+from jax_autotune.primitive import bind_fused, bind_matmul
 from jax_autotune.sharding import ShardingTypeError, explicit_sharding
 
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
@@ -216,7 +218,25 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     return _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, None)
 
 
-def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding):
+def dot_general_in_context(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                           epilogue: Epilogue, operands):
+    """``epilogue`` applied to ``lax.dot_general(lhs, rhs, ...)``, bound as one tuned op:
+    its canonical result, (batch, m, n), (batch, m) or () by the epilogue's class; None
+    where the tuned matmul does not serve the call (lax's own dot must run it).
+    ``operands(batch, m, n)`` gives the epilogue's operands in their role shapes.
+
+        >>> out = dot_general_in_context(x, w, (((1,), (0,)), ((), ())), None, None,
+        ...                              Epilogue.parse("row:float32|add(y,$0)"),
+        ...                              lambda batch, m, n: [bias])
+    """
+    if _explicitly_sharded(lhs, rhs):
+        return None
+    return _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, None,
+                        epilogue, operands)
+
+
+def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding,
+                 epilogue: Epilogue | None = None, operands=None):
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     try:
         (lc, rc), (lb, rb) = dimension_numbers
@@ -236,7 +256,10 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     lfree = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
     tuned = _tuned("dot_general", lhs, rhs, precision, preferred_element_type)
-    if tuned is None:
+    in_context = epilogue is not None
+    if tuned is None or (in_context and (lhs.size == 0 or rhs.size == 0 or lhs.dtype != rhs.dtype)):
+        if in_context:
+            return None
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type,
                                out_sharding=out_sharding)
@@ -253,6 +276,10 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     k = math.prod(lhs.shape[d] for d in lc)
     problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b,
                        precision_level)
+    if in_context:
+        if epilogue.is_bare:
+            return bind_matmul(lhs3, rhs3, problem)
+        return bind_fused(lhs3, rhs3, operands(batch, m, n), dataclasses.replace(problem, epilogue=epilogue))
     out = bind_matmul(lhs3, rhs3, problem, _canonical_sharding(out_sharding, out_shape, problem.out_shape))
     return _reshape(out, out_shape, out_sharding)
 

@@ -11,7 +11,12 @@
 ``fn`` is traced to a jaxpr once per abstract signature, and that jaxpr is traced again
 through a small interpreter that binds every equation as JAX would, except that each
 ``dot_general`` the tuner serves (see ``_tuner_serves``) goes through ``jat.dot_general``,
-with its precision, preferred_element_type and out_sharding. The interpreter recurses into
+with its precision, preferred_element_type and out_sharding. A dot followed by ops that
+only it feeds (bias, residual, activation, convert, a reduction: ``jax_autotune.context``)
+is bound with them as one op whose key holds that epilogue, so its kernel is chosen in
+the context the program runs it. Under reverse-mode autodiff (``jax.grad``, ``jax.vjp``)
+the backward pass is JAX's own, traced and tuned the same way (``jax_autotune.backward``),
+so the backward matmuls are decided in their contexts too. The interpreter recurses into
 the jaxprs of nested jit, scan, while, cond, ``jax.checkpoint``, closed_call, custom_jvp
 (primal and jvp rule), custom_vjp (primal and fwd rule) and shard_map bodies. Each call
 evaluates the cached rewritten jaxpr, so effects (prints, callbacks) happen once per call,
@@ -43,15 +48,19 @@ closes over are read at its first trace of a signature, as with ``jax.jit``.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import linear_util as lu
 from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
-from jax_autotune.api import dot_general
+from jax_autotune.api import dot_general, dot_general_in_context
+from jax_autotune.backward import reverse_mode, with_tuned_backward
+from jax_autotune.context import Region, dot_labels, operand_values, regions
 
 _TUNED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 
@@ -99,14 +108,21 @@ def autotune(fn):
             closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in entry[0].consts)
             if key is not None and not closes_over_tracer:
                 cache[key] = entry
-        closed, out_tree = entry
+        closed, out_tree, flat_fn, backwards = entry
+        linearized = reverse_mode(arrays)
+        if linearized is not None:
+            if linearized not in backwards:  # per signature and differentiated leaves
+                backwards[linearized] = with_tuned_backward(closed, flat_fn, avals, linearized, _rewrite)
+            if backwards[linearized] is not None:
+                return jax.tree_util.tree_unflatten(out_tree, backwards[linearized](*arrays))
         return jax.tree_util.tree_unflatten(out_tree, jaxpr_as_fun(closed)(*arrays))
 
     return tuned
 
 
 def _trace(fn, in_tree, leaves, is_array, avals):
-    """(fn's rewritten ClosedJaxpr over its array leaves, fn's output tree)."""
+    """(fn's rewritten ClosedJaxpr over its array leaves, fn's output tree, fn over them,
+    a dict for its tuned backward passes)."""
     static = [None if array else x for x, array in zip(leaves, is_array)]
 
     def flat_fn(*arrays):
@@ -116,7 +132,7 @@ def _trace(fn, in_tree, leaves, is_array, avals):
         return fn(*args, **kwargs)
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
-    return _rewrite(closed), jax.tree_util.tree_structure(out_shape)
+    return _rewrite(closed), jax.tree_util.tree_structure(out_shape), flat_fn, {}
 
 
 def _rewrite(jaxpr):
@@ -131,20 +147,68 @@ def _rewrite(jaxpr):
 
 
 def _eval(closed, *args):
-    """``core.eval_jaxpr``, each equation bound by ``_bind`` under its own context."""
+    """``core.eval_jaxpr``, each equation bound by ``_bind`` under its own context; a dot
+    with an epilogue is bound with it, where the epilogue's last equation stood."""
+    eqns = closed.jaxpr.eqns
     env = dict(zip(closed.jaxpr.constvars, closed.consts))
     env.update(zip(closed.jaxpr.invars, args))
 
     def read(atom):
         return atom.val if isinstance(atom, Literal) else env[atom]
 
-    for eqn in closed.jaxpr.eqns:
+    def run(eqn):
         info = eqn.source_info
         name_stack = source_info_util.current_name_stack() + info.name_stack
         with source_info_util.user_context(info.traceback, name_stack=name_stack), eqn.ctx.manager:
             out = _bind(eqn, [read(v) for v in eqn.invars])
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+
+    found = regions(closed.jaxpr, {i: dot_labels(e.params["dimension_numbers"], *(v.aval.ndim for v in e.invars))
+                                   for i, e in enumerate(eqns) if _has_context(e)})
+    deferred = {i for r in found.values() for i in (r.head, *r.members[:-1])}
+    at_last = {r.last: r for r in found.values()}
+    for index, eqn in enumerate(eqns):
+        if index in at_last:
+            region = at_last[index]
+            out = _in_context(region, eqns, read)
+            if out is None:  # not servable after all: the equations as JAX traced them
+                for i in (region.head, *region.members):
+                    run(eqns[i])
+            else:
+                env[region.output] = out
+        elif index not in deferred:
+            run(eqn)
     return [read(v) for v in closed.jaxpr.outvars]
+
+
+def _has_context(eqn) -> bool:
+    """A dot the tuner serves, whose result may be bound with the ops after it."""
+    return (eqn.primitive.name == "dot_general" and _tuner_serves(eqn)
+            and eqn.params.get("out_sharding") is None)
+
+
+def _in_context(region: Region, eqns, read):
+    """The region's output: its dot and epilogue as one tuned op; None where the tuned
+    matmul cannot serve it (it then runs as JAX traced it)."""
+    head = eqns[region.head]
+    lhs, rhs = (read(v) for v in head.invars)
+    (lc, rc), (lb, rb) = head.params["dimension_numbers"]
+    dims = ((lc, rc), (lb, rb))
+    if region.swap:  # transpose(lhs . rhs) = rhs . lhs
+        lhs, rhs, dims = rhs, lhs, ((rc, lc), (rb, lb))
+    try:
+        out = dot_general_in_context(lhs, rhs, dims, head.params["precision"],
+                                     head.params["preferred_element_type"], region.epilogue,
+                                     lambda batch, m, n: operand_values(region, read, batch, m, n))
+    except Exception as err:  # noqa: BLE001 - never the user's program: as traced
+        warnings.warn(f"jax_autotune: the matmul's context {region.epilogue.describe()!r} could "
+                      f"not be bound ({type(err).__name__}: {err}); it runs untuned",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    if out is None:
+        return None
+    want = region.output.aval
+    return jnp.reshape(out, want.shape) if out.dtype == want.dtype else None
 
 
 def _bind(eqn, invals):

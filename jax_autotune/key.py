@@ -10,7 +10,9 @@ the reference's (CubeCL's ``MatmulAutotuneKey``):
   divisible by (the minimum over strides), capped at 10;
 * layout: Contiguous, MildlyPermuted{transposed, batch_swap} or HighlyPermuted;
 * scale from the bucketed sizes (all < 512 Small, all < 2048 Medium, else Large);
-* kind from which of m, n, k equal one.
+* kind from which of m, n, k equal one;
+* the epilogue: the ops a program applies to the product (``jax_autotune.epilogue``),
+  empty for a bare matmul; a key without one is written, stored and read as before.
 
 A ``MatmulKey`` is built from a ``MatmulProblem`` (``jax_autotune.problem``) at a level
 the caller passes in: this module reads no setting.
@@ -29,6 +31,8 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
+
+from jax_autotune.epilogue import BARE, Epilogue
 
 MAX_POW2_FACTOR = 4
 MAX_STRIDE_FACTOR = 10
@@ -283,9 +287,11 @@ class MatmulKey:
     precision: Precision
     scale: Scale
     kind: Kind
+    epilogue: Epilogue = BARE
 
     def canonical(self) -> str:
-        """One line, fields in declaration order, no spaces inside a value.
+        """One line, fields in declaration order, no spaces inside a value (the epilogue
+        only when there is one, so a bare key reads as before this field existed).
 
         Equal keys give equal strings; ``MatmulKey.parse`` inverts it.
         """
@@ -300,7 +306,9 @@ class MatmulKey:
             value = getattr(self, field.name)
             if isinstance(value, enum.Enum):
                 value = value.value
-            elif isinstance(value, Layout):
+            elif isinstance(value, (Layout, Epilogue)):
+                if isinstance(value, Epilogue) and value.is_bare:
+                    continue
                 value = str(value)
             out[field.name] = value
         return out
@@ -314,10 +322,13 @@ class MatmulKey:
             "lhs_layout": Layout.parse, "rhs_layout": Layout.parse,
             "precision": Precision, "scale": Scale, "kind": Kind,
             "lhs_dtype": dtype_name, "rhs_dtype": dtype_name, "out_dtype": dtype_name,
+            "epilogue": Epilogue.parse,
         }
         values = {}
         for field in dataclasses.fields(cls):
             if field.name not in data:
+                if field.name == "epilogue":  # a key without context: the bare one
+                    continue
                 raise ValueError(f"MatmulKey: missing field {field.name!r}")
             raw = data[field.name]
             try:
@@ -336,7 +347,8 @@ class MatmulKey:
         N: contiguous, T: transposed, B: batch-swapped, P: highly permuted)."""
         layouts = _layout_letter(self.lhs_layout) + _layout_letter(self.rhs_layout)
         return compact_form(self.batch, self.m, self.n, self.k,
-                            (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision)
+                            (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
+                            self.epilogue)
 
     @classmethod
     def parse(cls, text: str) -> "MatmulKey":
@@ -351,12 +363,14 @@ class MatmulKey:
 
 
 def compact_form(batch: int, m: int, n: int, k: int, dtypes: tuple[str, str, str], layouts: str,
-                 precision: Precision) -> str:
-    """``[B x] M x N x K``, one dtype (or ``lhs,rhs->out``), two layout letters, precision."""
+                 precision: Precision, epilogue: Epilogue = BARE) -> str:
+    """``[B x] M x N x K``, one dtype (or ``lhs,rhs->out``), two layout letters, precision,
+    then ``| `` and the epilogue's ops when there are any."""
     dims = f"{m}x{n}x{k}" if batch == 1 else f"{batch}x{m}x{n}x{k}"
     lhs, rhs, out = dtypes
     dtype = lhs if len({lhs, rhs, out}) == 1 else f"{lhs},{rhs}->{out}"
-    return f"{dims} {dtype} {layouts} {Precision(precision).value}"
+    text = f"{dims} {dtype} {layouts} {Precision(precision).value}"
+    return text if epilogue.is_bare else f"{text} | {epilogue.describe()}"
 
 
 def _layout_letter(layout: Layout) -> str:

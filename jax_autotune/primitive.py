@@ -1,4 +1,4 @@
-"""Internal: the matmul primitive; the key is computed at trace time, the kernel chosen at compile time.
+"""Internal: the matmul primitives; the key is computed at trace time, the kernel chosen at compile time.
 
 ``matmul_p`` takes canonical operands (see ``MatmulProblem``) and carries the problem, its
 ``MatmulKey`` and lax's ``out_sharding`` as parameters, so ``jax.make_jaxpr`` shows the key
@@ -14,6 +14,15 @@ again with their own problems and transposed layouts, and tuned too.
     >>> out = bind_matmul(lhs, rhs, problem)          # lhs problem.lhs_shape, rhs problem.rhs_shape
     >>> jax.make_jaxpr(lambda a, b: bind_matmul(a, b, problem))(lhs, rhs)
     { lambda ; a:f32[1,8,4] b:f32[1,4,2]. let c = autotuned_matmul[key=m=8 n=2 ...] a b in (c,) }
+
+``fused_p`` is the matmul in its context: the product and ``problem.epilogue`` after it,
+as one op whose operands are lhs, rhs and the epilogue's operands (``bind_fused``). Its
+key holds the epilogue, so its kernel is chosen as the program the model runs (a fused
+candidate, or a kernel with the epilogue as XLA ops after it). Under jvp, vmap and on
+several devices it is the product (``matmul_p``, tuned as usual) with the epilogue as XLA
+ops after it, which autodiff and batching take as they are.
+
+    >>> out = bind_fused(lhs, rhs, (bias,), problem)   # problem.epilogue: add(y,row)
 """
 
 from __future__ import annotations
@@ -44,10 +53,11 @@ except ImportError:  # pragma: no cover - depends on the jax version
     dispatch = lower_with_sharding_in_types = canonicalize_sharding = None
 
 matmul_p = Primitive("autotuned_matmul")
+fused_p = Primitive("autotuned_matmul_epilogue")
 if dispatch is not None:
     # the multi-device lowering (custom_partitioning) needs the device assignment in the
     # lowering context, which jit fills only for primitives registered here
-    dispatch.prim_requires_devices_during_lowering.add(matmul_p)
+    dispatch.prim_requires_devices_during_lowering.update((matmul_p, fused_p))
 
 # lowering calls, per platform: tests check that lowering runs once per compile
 LOWERINGS: dict[str, int] = {}
@@ -59,17 +69,44 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem, out_sharding=None):
     ``out_sharding`` (a NamedSharding, or a PartitionSpec under ``jax.set_mesh``) is
     lax.dot_general's, for the canonical (batch, m, n) output under Explicit mesh axes.
     """
+    lhs, rhs, problem = _canonical_inputs(lhs, rhs, problem.bare())
+    if out_sharding is not None and canonicalize_sharding is not None:
+        out_sharding = canonicalize_sharding(out_sharding, "autotuned_matmul")
+    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")),
+                         out_sharding=out_sharding)
+
+
+def bind_fused(lhs, rhs, operands, problem: MatmulProblem):
+    """Bind the matmul in its context: the product of canonical lhs and rhs through
+    ``problem.epilogue``, whose operands come in their role shapes (``Operand.shape``).
+    The result has ``problem.result_shape``; the key, with the epilogue, is computed here."""
+    epilogue = problem.epilogue
+    lhs, rhs, problem = _canonical_inputs(lhs, rhs, problem)
+    expected = epilogue.operand_shapes(problem.batch, problem.m, problem.n)
+    operands = tuple(operands)
+    if tuple(tuple(x.shape) for x in operands) != expected:
+        raise ValueError(f"epilogue operands {[tuple(x.shape) for x in operands]} do not match "
+                         f"the shapes {list(expected)} of {epilogue}")
+    operands = tuple(x if x.dtype == o.dtype else lax.convert_element_type(x, o.dtype)
+                     for x, o in zip(operands, epilogue.operands))
+    return fused_p.bind(lhs, rhs, *operands, problem=problem, key=problem.key(config.get("level")))
+
+
+def _canonical_inputs(lhs, rhs, problem: MatmulProblem):
+    """lhs and rhs checked against the problem and converted as XLA's dot runs them."""
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"problem's stored shapes {problem.lhs_shape} and {problem.rhs_shape}")
     problem = problem.with_operands_converted()
     lhs = lhs if lhs.dtype == problem.lhs_dtype else lax.convert_element_type(lhs, problem.lhs_dtype)
     rhs = rhs if rhs.dtype == problem.rhs_dtype else lax.convert_element_type(rhs, problem.rhs_dtype)
-    if out_sharding is not None and canonicalize_sharding is not None:
-        out_sharding = canonicalize_sharding(out_sharding, "autotuned_matmul")
     lhs, rhs = _match_varying_axes(lhs, rhs)
-    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")),
-                         out_sharding=out_sharding)
+    return lhs, rhs, problem
+
+
+def decomposed(lhs, rhs, *operands, problem: MatmulProblem, key=None):
+    """The fused op as the tuned product (``matmul_p``) and the epilogue as XLA ops."""
+    return problem.epilogue.apply(bind_matmul(lhs, rhs, problem.bare()), operands)
 
 
 def _varying_axes(x) -> frozenset:
@@ -103,37 +140,50 @@ def _abstract_eval(lhs, rhs, *, problem, key, out_sharding):
     return out
 
 
-def _emit(ctx, lhs, rhs, kernel):
-    out, = mlir.lower_fun(kernel, multiple_results=False)(ctx, lhs, rhs)
+def _fused_abstract_eval(lhs, rhs, *operands, problem, key):
+    product = _abstract_eval(lhs, rhs, problem=problem.bare(), key=None, out_sharding=None)
+    return product.update(shape=problem.result_shape, dtype=jnp.dtype(problem.result_dtype))
+
+
+def _emit(ctx, inputs, kernel):
+    out, = mlir.lower_fun(kernel, multiple_results=False)(ctx, *inputs)
     if lower_with_sharding_in_types is None:
         return [out]
     return [lower_with_sharding_in_types(ctx, out, ctx.avals_out[0])]
 
 
+def _partitioned(lhs, rhs, *operands, problem: MatmulProblem, kernels, out_sharding):
+    """Per-shard tuning of the product; an epilogue runs after it as XLA ops."""
+    product = partitioned_matmul(lhs, rhs, problem=problem.bare(), kernels=kernels,
+                                 out_sharding=out_sharding)
+    return problem.epilogue.apply(product, operands)
+
+
 def _lowering(platform: str):
-    def rule(ctx, lhs, rhs, *, problem, key, out_sharding):
+    def rule(ctx, lhs, rhs, *operands, problem, key, out_sharding=None):
         LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
+        inputs = (lhs, rhs, *operands)
         target = (ctx.platforms or ctx.module_context.platforms)[0]  # this branch's platform
         if not has_devices(target):  # lowered for a platform absent here: nothing to tune on
-            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         for_export = _for_export(ctx)
         if lowering_targets_many_devices(ctx) and not for_export:  # jax.export takes no partitioner op
-            kernel = functools.partial(partitioned_matmul, problem=problem,
-                                       kernels=ShardKernels(platform),
-                                       out_sharding=explicit_sharding(ctx.avals_out[0]))
-            return _emit(ctx, lhs, rhs, kernel)
+            sharding = None if operands else explicit_sharding(ctx.avals_out[0])
+            kernel = functools.partial(_partitioned, problem=problem, kernels=ShardKernels(platform),
+                                       out_sharding=sharding)
+            return _emit(ctx, inputs, kernel)
         tuner = tuner_for(platform)
         candidate = emitted_candidate(tuner, problem, tuner.select(problem, key), for_export, target)
         if candidate.fn is xla_dot:
-            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         try:
-            return _emit(ctx, lhs, rhs, candidate.bound(problem))
+            return _emit(ctx, inputs, candidate.bound(problem))
         except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem
             # (its wrapper refuses it while tracing, before emitting anything): XLA's dot
             warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower "
                           f"{problem.describe()} ({type(err).__name__}: {err}); using XLA's dot.",
                           RuntimeWarning, stacklevel=2)
-            return _xla_lowering(ctx, lhs, rhs, problem=problem, key=key, out_sharding=out_sharding)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
     return rule
 
 
@@ -142,8 +192,8 @@ def _for_export(ctx) -> bool:
     return bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
 
 
-def _xla_lowering(ctx, lhs, rhs, *, problem, key, out_sharding):
-    return _emit(ctx, lhs, rhs, XLA_DOT.bound(problem))
+def _xla_lowering(ctx, *inputs, problem, key, out_sharding=None):
+    return _emit(ctx, inputs, XLA_DOT.bound(problem))
 
 
 # ---------------------------------------------------------------- autodiff
@@ -219,23 +269,41 @@ def _batching_rule(args, dims, *, problem, key, out_sharding):
     return out.reshape(size, *problem.out_shape), 0
 
 
+# ---------------------------------------------------------------- the fused op's rules
+
+def _fused_jvp(primals, tangents, *, problem, key):
+    """jvp of the product and the epilogue taken apart (each piece has its own rules)."""
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return jax.jvp(functools.partial(decomposed, problem=problem), tuple(primals), tuple(tangents))
+
+
+def _fused_batching_rule(args, dims, *, problem, key):
+    return jax.vmap(functools.partial(decomposed, problem=problem), in_axes=tuple(dims))(*args), 0
+
+
 # ---------------------------------------------------------------- registration
 
 @functools.lru_cache(maxsize=512)
-def _eager(problem: MatmulProblem, key, out_sharding):
-    return jax.jit(lambda a, b: matmul_p.bind(a, b, problem=problem, key=key, out_sharding=out_sharding))
+def _eager(primitive, params: tuple):
+    return jax.jit(lambda *inputs: primitive.bind(*inputs, **dict(params)))
 
 
-def _impl(lhs, rhs, *, problem, key, out_sharding):
-    """Eager calls compile through the same lowering (and so the same tuner)."""
-    return _eager(problem, key, out_sharding)(lhs, rhs)
+def _impl(primitive):
+    def impl(*inputs, **params):
+        """Eager calls compile through the same lowering (and so the same tuner)."""
+        return _eager(primitive, tuple(sorted(params.items())))(*inputs)
+    return impl
 
 
-matmul_p.def_impl(_impl)
 matmul_p.def_abstract_eval(_abstract_eval)
 ad.defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
 batching.primitive_batchers[matmul_p] = _batching_rule
-mlir.register_lowering(matmul_p, _xla_lowering)  # any other platform: XLA's dot
-mlir.register_lowering(matmul_p, _lowering("cpu"), platform="cpu")
-for _gpu in ("cuda", "rocm"):
-    mlir.register_lowering(matmul_p, _lowering("gpu"), platform=_gpu)
+fused_p.def_abstract_eval(_fused_abstract_eval)
+ad.primitive_jvps[fused_p] = _fused_jvp
+batching.primitive_batchers[fused_p] = _fused_batching_rule
+for _primitive in (matmul_p, fused_p):
+    _primitive.def_impl(_impl(_primitive))
+    mlir.register_lowering(_primitive, _xla_lowering)  # any other platform: XLA's dot
+    mlir.register_lowering(_primitive, _lowering("cpu"), platform="cpu")
+    for _gpu in ("cuda", "rocm"):
+        mlir.register_lowering(_primitive, _lowering("gpu"), platform=_gpu)

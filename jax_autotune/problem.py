@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_autotune.epilogue import BARE, Epilogue
 from jax_autotune.key import (PRECISION_LEVELS, Level, MatmulKey, Precision, anchor, compact_form,
                               dtype_name, kind_of, layout_from_strides, pow2_factor,
                               row_major_strides, scale_of, stride_factor)
@@ -35,7 +36,9 @@ class MatmulProblem:
 
     Operands are stored row-major as ``lhs_shape`` / ``rhs_shape``: with ``transpose_a``
     the lhs is stored (batch, k, m), with ``transpose_b`` the rhs is stored (batch, n, k).
-    It is hashable, so the matmul primitive carries it as a parameter.
+    ``epilogue`` is what the program applies to the product (its operands follow lhs and
+    rhs, ``input_specs``); the result is then ``result_shape`` in ``result_dtype``. It is
+    hashable, so the matmul primitives carry it as a parameter.
     """
 
     batch: int
@@ -48,6 +51,7 @@ class MatmulProblem:
     transpose_a: bool = False
     transpose_b: bool = False
     precision: Precision = Precision.DEFAULT
+    epilogue: Epilogue = BARE
 
     def __post_init__(self):
         for name in ("batch", "m", "n", "k"):
@@ -57,6 +61,10 @@ class MatmulProblem:
         object.__setattr__(self, "precision", Precision(self.precision))
         for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
             object.__setattr__(self, name, dtype_name(getattr(self, name)))
+        if isinstance(self.epilogue, str):
+            object.__setattr__(self, "epilogue", Epilogue.parse(self.epilogue))
+        elif not isinstance(self.epilogue, Epilogue):
+            raise ValueError(f"MatmulProblem: epilogue must be an Epilogue, got {self.epilogue!r}")
 
     @property
     def lhs_shape(self) -> tuple[int, int, int]:
@@ -68,14 +76,35 @@ class MatmulProblem:
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
+        """The product's shape (what a kernel computes; the epilogue then runs on it)."""
         return (self.batch, self.m, self.n)
+
+    @property
+    def result_shape(self) -> tuple[int, ...]:
+        """The shape of what the program computes: the product through the epilogue."""
+        return self.epilogue.result(self.batch, self.m, self.n, self.out_dtype)[0]
+
+    @property
+    def result_dtype(self) -> str:
+        return self.epilogue.result(self.batch, self.m, self.n, self.out_dtype)[1]
+
+    def input_specs(self) -> tuple[tuple[tuple[int, ...], str], ...]:
+        """(shape, dtype) of every input: lhs, rhs, then the epilogue's operands."""
+        operands = tuple(zip(self.epilogue.operand_shapes(self.batch, self.m, self.n),
+                             (o.dtype for o in self.epilogue.operands)))
+        return ((self.lhs_shape, self.lhs_dtype), (self.rhs_shape, self.rhs_dtype), *operands)
+
+    def bare(self) -> "MatmulProblem":
+        """The product alone, without the epilogue."""
+        return self if self.epilogue.is_bare else dataclasses.replace(self, epilogue=BARE)
 
     def describe(self) -> str:
         """A compact one-line form, e.g. ``8x1000x1000x1000 float32 NT DEFAULT``
-        (N: stored as is, T: stored transposed)."""
+        (N: stored as is, T: stored transposed), and ``| ops`` with an epilogue."""
         layouts = "NT"[self.transpose_a] + "NT"[self.transpose_b]
         return compact_form(self.batch, self.m, self.n, self.k,
-                            (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision)
+                            (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
+                            self.epilogue)
 
     def with_operands_converted(self) -> "MatmulProblem":
         """The problem as XLA's dot runs it on CPUs and GPUs: lax's lowering converts
@@ -108,11 +137,16 @@ class MatmulProblem:
             precision=self.precision,
             scale=scale_of(m, n, k),
             kind=kind_of(self.m, self.n, self.k),
+            epilogue=self.epilogue,
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["precision"] = self.precision.value
+        if self.epilogue.is_bare:
+            del data["epilogue"]  # written as before epilogues existed
+        else:
+            data["epilogue"] = str(self.epilogue)
         return data
 
     @classmethod

@@ -34,13 +34,18 @@ from jax_autotune.tuning.decision import Decision
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem, problem_for
-from jax_autotune.primitive import matmul_p
+from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 
+
+try:  # jax internals (0.10 and 0.11): the dead-code pass jit runs on a traced program
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code are tuned too
+    _dce_jaxpr = None
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
 
@@ -86,9 +91,13 @@ class WarmupReport:
 
 
 def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
-    """Every (problem, key) bound in a jaxpr and the jaxprs nested in it, in order, unique."""
+    """Every (problem, key) bound in a jaxpr and the jaxprs nested in it, in order, unique;
+    without the equations whose results nothing reads (jit drops them before it lowers)."""
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    if _dce_jaxpr is not None:
+        jaxpr, _ = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     found = {(eqn.params["problem"], eqn.params["key"]): None
-             for eqn in equations(closed_jaxpr) if eqn.primitive is matmul_p}
+             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p)}
     return list(found)
 
 

@@ -21,15 +21,17 @@ from jax_autotune import config, primitive
 from jax_autotune.tuners import reset_tuners
 from jax_autotune.warmup import equations
 
-TUNED = "autotuned_matmul"
+TUNED = ("autotuned_matmul", "autotuned_matmul_epilogue")  # a dot alone, or in its context
 F32 = dict(rtol=2e-5, atol=2e-5)
 TOL = {jnp.float32: F32, jnp.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 MM = (((1,), (0,)), ((), ()))  # (m, k) x (k, n)
 
 
-def count(closed, name):
-    """Equations named ``name`` in a jaxpr and in every jaxpr nested in its params."""
-    return sum(eqn.primitive.name == name for eqn in equations(closed))
+def count(closed, names):
+    """Equations named ``names`` (a name or a tuple) in a jaxpr and in every jaxpr nested
+    in its params."""
+    names = (names,) if isinstance(names, str) else names
+    return sum(eqn.primitive.name in names for eqn in equations(closed))
 
 
 def assert_all_tuned(fn, *args, expected):
@@ -209,13 +211,13 @@ def _vjp_bwd(res, g):
 vjp_dense.defvjp(_vjp_fwd, _vjp_bwd)
 
 
-def test_custom_vjp_primal_and_forward_rule_are_tuned_bwd_left_as_is():
+def test_custom_vjp_primal_fwd_and_bwd_rules_are_tuned_under_grad():
     x, w = rand(0, 3, 3), rand(1, 3, 3)
     assert_all_tuned(vjp_dense, x, w, expected=1)
     loss = lambda x, w: jnp.sum(vjp_dense(x, w) ** 2)  # noqa: E731
     backward = jax.make_jaxpr(jax.grad(jat.autotune(loss), argnums=(0, 1)))(x, w)
-    assert count(backward, TUNED) == 1          # the fwd rule's dot
-    assert count(backward, "dot_general") == 2  # the bwd rule, a Python function: left as is
+    # the fwd rule's dot, and the bwd rule's two: the backward pass is traced, then tuned
+    assert count(backward, TUNED) == 3 and count(backward, "dot_general") == 0
     assert_all_tuned(jax.grad(loss, argnums=(0, 1)), x, w, expected=3)  # bwd traced into the jaxpr
 
     np.testing.assert_allclose(f64(jax.jit(jat.autotune(vjp_dense))(x, w)), np.tanh(f64(x) @ f64(w)), **F32)
@@ -347,7 +349,7 @@ SHARD_MAP_SCRIPT = textwrap.dedent("""
         "devices": len(jax.devices()),
         "dots": str(jax.make_jaxpr(fn)(x, w)).count("dot_general["),
         "dots_left": text.count("dot_general["),
-        "tuned": text.count("autotuned_matmul["),
+        "tuned": text.count("autotuned_matmul[") + text.count("autotuned_matmul_epilogue["),
         "error": float(np.abs(jax.jit(jat.autotune(fn))(x, w) - exact).max()),
         "grad_error": max(float(np.abs(g - e).max()) for g, e in zip(grads, want)),
         "out_sharding_dots_left": explicit_text.count("dot_general["),

@@ -53,7 +53,7 @@ from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning import xla_priming
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
-from jax_autotune.tuning.timing import Measurement, Timer
+from jax_autotune.tuning.timing import Measurement, Timer, checked_problem
 
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
@@ -86,7 +86,7 @@ class CompileQueue:
         >>> measurement, error = compiles.result(candidate)   # waits for the compile
     """
 
-    def __init__(self, timer: Timer, problem: MatmulProblem, inputs: tuple[Any, Any], threads: int):
+    def __init__(self, timer: Timer, problem: MatmulProblem, inputs: tuple[Any, ...], threads: int):
         self.timer, self.problem, self.inputs = timer, problem, inputs
         self.seconds: dict[str, float] = {}  # wall time of each compile
         self.waits: dict[str, float] = {}  # of which waiting for the device (``DEVICE_LOCK``)
@@ -130,7 +130,7 @@ class CompileQueue:
 class KeyBenchmark:
     """Benchmarks candidates of one problem across rounds; keeps every result."""
 
-    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, Any], reference,
+    def __init__(self, problem: MatmulProblem, inputs: tuple[Any, ...], reference,
                  timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
                  clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
                  platform: str = "gpu", compiles: CompileQueue | None = None):
@@ -257,7 +257,8 @@ class KeyBenchmark:
         rules = self.rules
         try:
             out = measurement.output()
-            verdict = check(out, self.reference, self.problem, self.platform, trusted=self.trusted)
+            verdict = check(out, self.reference, checked_problem(self.problem), self.platform,
+                            trusted=self.trusted)
         except Exception as err:  # noqa: BLE001
             self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
             return

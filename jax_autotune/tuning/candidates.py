@@ -4,7 +4,10 @@ A ``Candidate`` is a unique name (encoding its parameters), a jax-traceable func
 ``fn(lhs, rhs, problem) -> out`` on the canonical operands of a ``MatmulProblem``
 (lhs ``problem.lhs_shape``, rhs ``problem.rhs_shape``, out ``problem.out_shape`` in
 ``problem.out_dtype``), the groups it belongs to with an in-group priority each, and
-``supports(device, key)`` (``DeviceInfo`` lives in ``tuning.device``). A ``CandidateSet``
+``supports(device, key)`` (``DeviceInfo`` lives in ``tuning.device``). A problem with an
+epilogue runs the kernel and the epilogue after it as XLA ops (``bound``), unless the
+candidate ``applies_epilogue``: then ``fn(lhs, rhs, problem, *operands)`` computes the
+whole context itself (a fused epilogue), and its ``supports`` says which epilogues. A ``CandidateSet``
 is built once per (platform, device kind) with ``CandidateSetBuilder``; XLA's own dot is
 always candidate 0, the baseline. ``candidate.export_safety(problem, platform)`` says what
 it emits and whether jax.export takes it (``tuning.export_safety``).
@@ -52,6 +55,8 @@ class Candidate:
     # holds an XLA dot, so compiling it on a GPU runs XLA's GEMM autotuner: a key's such
     # candidates are autotuned together, in one compile, before their own (``xla_priming``)
     xla_autotuned: bool = False
+    # fn(lhs, rhs, problem, *operands) applies problem.epilogue itself (before its store)
+    applies_epilogue: bool = False
 
     def runs(self, device: DeviceInfo, key: MatmulKey) -> bool:
         """``supports(device, key)``, a rule that raises read as: not supported.
@@ -77,16 +82,24 @@ class Candidate:
         """
         return export_safety.check(self, problem, platform)
 
-    def bound(self, problem: MatmulProblem) -> Callable[[Any, Any], Any]:
-        """``fn(lhs, rhs)``: this kernel for ``problem``, to jit or lower.
+    def bound(self, problem: MatmulProblem) -> Callable[..., Any]:
+        """``fn(lhs, rhs, *operands)``: this kernel for ``problem`` in its context (the
+        epilogue after it as XLA ops, which XLA fuses where it can, unless the kernel
+        applies it), to jit or lower.
 
-            >>> jax.jit(XLA_DOT.bound(problem))(lhs, rhs)
+            >>> jax.jit(XLA_DOT.bound(problem))(lhs, rhs, *epilogue_operands)
         """
-        return functools.partial(_run, self.fn, problem=problem)
+        if problem.epilogue.is_bare or self.applies_epilogue:
+            return functools.partial(_run, self.fn, problem=problem)
+        return functools.partial(_in_context, self.fn, problem=problem)
 
 
-def _run(fn: KernelFn, lhs, rhs, *, problem: MatmulProblem):
-    return fn(lhs, rhs, problem)
+def _run(fn: KernelFn, lhs, rhs, *operands, problem: MatmulProblem):
+    return fn(lhs, rhs, problem, *operands)
+
+
+def _in_context(fn: KernelFn, lhs, rhs, *operands, problem: MatmulProblem):
+    return problem.epilogue.apply(fn(lhs, rhs, problem.bare()), operands)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ edge rows and columns included. A sampled check also compares the whole output w
 XLA's dot once that one has passed, so no part of the output goes unchecked.
 The error is norm-wise: ``||out - ref|| / ||ref||``; NaN or Inf never passes. Integer
 results are compared exactly, with the output dtype's wraparound (the int64 reference cast
-to it, as int8 x int8 -> int8 wraps); complex ones in complex128.
+to it, as int8 x int8 -> int8 wraps); complex ones in complex128. A problem with an
+elementwise epilogue is checked as its whole context: the epilogue runs in float64 on the
+exact product (``Epilogue.reference``) and, sampled, on the sampled entries and operands.
 
     >>> ref = reference(problem, lhs, rhs)
     >>> check(out, ref, problem)
@@ -50,8 +52,9 @@ def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
     On the CPU, f32 at every precision is full fp32 (XLA:CPU has no TF32), so it gets
     the HIGHEST tolerance there.
     """
-    out = _REAL_PART.get(problem.out_dtype, problem.out_dtype)
-    by_output = 0.0 if _is(out, np.integer) else _OUTPUT_TOLERANCE.get(out, _DEFAULT_FLOAT_TOLERANCE)
+    outs = {_REAL_PART.get(d, d) for d in (problem.out_dtype, problem.result_dtype)}
+    by_output = max(0.0 if _is(out, np.integer) else _OUTPUT_TOLERANCE.get(out, _DEFAULT_FLOAT_TOLERANCE)
+                    for out in outs)
     if _integer(problem):
         return by_output
     precision = Precision.HIGHEST if platform == "cpu" else problem.precision
@@ -131,23 +134,37 @@ def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, co
     return a.astype(wide), b.astype(wide)
 
 
-def reference(problem: MatmulProblem, lhs, rhs, host_max_macs: int = HOST_REFERENCE_MAX_MACS, seed: int = 0):
+def reference(problem: MatmulProblem, lhs, rhs, *operands, host_max_macs: int = HOST_REFERENCE_MAX_MACS,
+              seed: int = 0):
     """The exact result of the problem, computed on the host: a float64 (complex128 for
     complex, int64 for integers, cast to an integer output dtype with its wraparound)
     numpy array for problems up to ``host_max_macs`` multiply-adds, else a
     ``SampledReference`` (at most 4 x 64 x 64 entries). Accelerators pass
-    ``host_max_macs=0``: no device compile, a few milliseconds on the host.
+    ``host_max_macs=0``: no device compile, a few milliseconds on the host. An elementwise
+    epilogue is applied in float64 with ``operands`` (those of ``problem.input_specs()``).
     """
+    epilogue = problem.epilogue
+    if not epilogue.elementwise:
+        raise ValueError(f"reference: the epilogue {epilogue} reduces; check its product alone")
     macs = problem.batch * problem.m * problem.n * problem.k
+    host = [as_numpy(x) for x in operands]
     if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
         a, b = _wide_operands(problem, lhs, rhs)
         exact = np.matmul(a, b)
-        return exact.astype(problem.out_dtype) if _is(problem.out_dtype, np.integer) else exact
+        exact = exact.astype(problem.out_dtype) if _is(problem.out_dtype, np.integer) else exact
+        return exact if epilogue.is_bare else epilogue.reference(exact, host)
     rng = np.random.default_rng(seed)
     batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
     rows, cols = _sample(problem.m, SAMPLE_SIZE, rng), _sample(problem.n, SAMPLE_SIZE, rng)
     a, b = _wide_operands(problem, lhs, rhs, batches, rows, cols)
-    return SampledReference(batches, rows, cols, np.matmul(a, b))
+    values = np.matmul(a, b)
+    if not epilogue.is_bare:
+        sampled = [{"scalar": lambda x: x, "row": lambda x: x[cols],
+                    "col": lambda x: x[batches][:, rows],
+                    "full": lambda x: x[batches][:, rows][:, :, cols]}[o.role](x)
+                   for o, x in zip(epilogue.operands, host)]
+        values = epilogue.reference(values, sampled)
+    return SampledReference(batches, rows, cols, values)
 
 
 def _device_summary(out, trusted, batches, rows, cols):
@@ -178,7 +195,7 @@ def prepare_check(problem: MatmulProblem, ref, device) -> None:
     """Compile the comparison of ``problem``'s outputs on ``device`` ahead of the first
     ``check`` (the tuner does it while XLA's dot compiles); nothing to do for full refs."""
     if isinstance(ref, SampledReference):
-        _compiled_summary(problem.out_shape, problem.out_dtype,
+        _compiled_summary(problem.result_shape, problem.result_dtype,
                           (ref.batches.size, ref.rows.size, ref.cols.size), device)
 
 
@@ -190,7 +207,7 @@ def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None)
     with it; the error is the larger of the two. A full reference is compared whole.
     """
     tol = tolerance(problem, platform)
-    expected_shape = problem.out_shape if isinstance(ref, SampledReference) else ref.shape
+    expected_shape = problem.result_shape if isinstance(ref, SampledReference) else ref.shape
     if tuple(out.shape) != tuple(expected_shape):
         return Check(False, float("inf"), tol)
     if isinstance(ref, SampledReference):

@@ -102,8 +102,7 @@ def check(candidate, problem, platform: str) -> ExportSafety:
         if cache_key in _cache:
             return _cache[cache_key]
     fn = candidate.bound(problem)
-    operands = (jax.ShapeDtypeStruct(problem.lhs_shape, np.dtype(problem.lhs_dtype)),
-                jax.ShapeDtypeStruct(problem.rhs_shape, np.dtype(problem.rhs_dtype)))
+    operands = tuple(jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in problem.input_specs())
     try:
         lowered = jax.jit(fn).trace(*operands).lower(lowering_platforms=(platform,))
         targets = module_targets(lowered.compiler_ir("stablehlo"))

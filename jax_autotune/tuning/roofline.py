@@ -1,7 +1,8 @@
 """Roofline bounds: how fast is fast enough for a problem on this device.
 
 Work: ops = batch*m*n*(2k-1) (k multiplies and k-1 adds per output), bytes = both
-inputs read once + the output written once. With measured peaks (see ``probes``):
+inputs read once + the output written once (with an epilogue: its operands read too, and
+its result written instead of the product). With measured peaks (see ``probes``):
 
     limit = max(ops / compute_peak, bytes / bandwidth) / threshold + launch_overhead
 
@@ -16,6 +17,7 @@ short-circuit). A candidate landing twice inside the limit ends the tuning.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -35,8 +37,8 @@ class Work:
         b, m, n, k = problem.batch, problem.m, problem.n, problem.k
         ops = b * m * n * (2 * k - 1)
         size = lambda dtype: np.dtype(dtype).itemsize  # noqa: E731
-        moved = b * (m * k * size(problem.lhs_dtype) + k * n * size(problem.rhs_dtype)
-                     + m * n * size(problem.out_dtype))
+        moved = sum(math.prod(shape) * size(dtype) for shape, dtype in problem.input_specs())
+        moved += math.prod(problem.result_shape) * size(problem.result_dtype)
         return cls(ops, moved)
 
 

@@ -8,9 +8,13 @@
 * Tests inject their own ``Timer`` with scripted samples (see tests/fakes.py).
 
     >>> timer = WallClockTimer()
-    >>> measurement = timer.prepare(candidate, problem, (lhs, rhs))
+    >>> measurement = timer.prepare(candidate, problem, (lhs, rhs, *epilogue_operands))
     >>> out = measurement.output()           # also the warm-up
     >>> seconds = measurement.sample()       # one sample, seconds per matmul
+
+A problem with an epilogue is timed as the whole program (the kernel and its epilogue);
+where the epilogue reduces, ``output()`` runs the kernel alone (``checked_problem``): a sum
+would hide a wrong entry, and the reduction itself is XLA's.
 """
 
 from __future__ import annotations
@@ -57,6 +61,28 @@ def runs_kernels_while_compiling(lowered) -> bool:
     return any(op.name in _XLA_DOTS for op in ops(lowered.compiler_ir("stablehlo")))
 
 
+def checked_problem(problem: MatmulProblem) -> MatmulProblem:
+    """The problem whose output the correctness gate compares: ``problem`` itself (an
+    elementwise epilogue is checked entry by entry, fused or not), or the product alone
+    when the epilogue reduces (a sum would hide a wrong entry; the reduction is XLA's).
+
+        >>> checked_problem(lm_head_logsumexp).epilogue.is_bare
+        True
+    """
+    return problem.bare() if problem.epilogue.reduces else problem
+
+
+def _checked_args(problem: MatmulProblem, args: tuple) -> tuple:
+    return args[:2] if problem.epilogue.reduces else args
+
+
+def _check_executable(candidate: Candidate, problem: MatmulProblem, args: tuple):
+    """The executable whose output is checked: None when it is the timed one."""
+    if not problem.epilogue.reduces:
+        return None
+    return compile_candidate(candidate, checked_problem(problem), _checked_args(problem, args))
+
+
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
     lowered = jax.jit(candidate.bound(problem)).lower(*args)
@@ -83,11 +109,14 @@ def _block(x):
 
 
 class _WallClockMeasurement:
-    def __init__(self, looped, reps: int, args: tuple, clock):
+    def __init__(self, looped, reps: int, args: tuple, clock, checked=None, checked_args=()):
         self.looped, self.reps, self.args, self.clock = looped, reps, args, clock
+        self.checked, self.checked_args = checked, checked_args
 
     def output(self):
         counters.bump("candidate_runs")
+        if self.checked is not None:
+            return _block(self.checked(*self.checked_args))
         return _block(self.looped(*self.args, np.int32(1)))
 
     def sample(self) -> float:
@@ -113,8 +142,10 @@ class WallClockTimer:
         self.target_seconds, self.max_reps, self.clock = target_seconds, max_reps, clock
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
-        looped = compile_repeated(candidate.fn, problem, args)
-        measurement = _WallClockMeasurement(looped, 1, args, self.clock)
+        looped = compile_repeated(candidate.bound(problem), args)
+        measurement = _WallClockMeasurement(looped, 1, args, self.clock,
+                                            _check_executable(candidate, problem, args),
+                                            _checked_args(problem, args))
         measurement.time(1)  # first run: page-in, thread-pool start
         once = measurement.time(1)
         if once < self.target_seconds:
@@ -123,19 +154,21 @@ class WallClockTimer:
         return measurement
 
 
-def compile_repeated(fn, problem, args: tuple):
-    """``executable(lhs, rhs, reps)``: ``fn`` run ``reps`` times in one loop, returning the
-    last output. The operands pass through an optimization barrier in each iteration, so
+def compile_repeated(fn, args: tuple):
+    """``executable(*args, reps)``: ``fn(*args)`` run ``reps`` times in one loop, returning
+    the last output. The inputs pass through an optimization barrier in each iteration, so
     XLA cannot hoist the loop-invariant matmul out of the loop, at no runtime cost."""
 
-    def run(lhs, rhs, reps):
-        def body(_, carry):
-            lhs, rhs, _ = carry
-            lhs, rhs = lax.optimization_barrier((lhs, rhs))
-            return lhs, rhs, fn(lhs, rhs, problem)
+    def run(*inputs):
+        *inputs, reps = inputs
 
-        out = jax.eval_shape(lambda a, b: fn(a, b, problem), lhs, rhs)
-        return lax.fori_loop(0, reps, body, (lhs, rhs, jnp.zeros(out.shape, out.dtype)))[2]
+        def body(_, carry):
+            inputs, _ = carry
+            inputs = lax.optimization_barrier(inputs)
+            return inputs, fn(*inputs)
+
+        out = jax.eval_shape(fn, *inputs)
+        return lax.fori_loop(0, reps, body, (tuple(inputs), jnp.zeros(out.shape, out.dtype)))[1]
 
     compiled = jax.jit(run).lower(*args, np.int32(1)).compile()
     counters.bump("candidate_compiles")
@@ -145,13 +178,17 @@ def compile_repeated(fn, problem, args: tuple):
 class _DeviceMeasurement:
     reps = 1
 
-    def __init__(self, compiled, args, measure, batch: int):
+    def __init__(self, compiled, args, measure, batch: int, checked=None, checked_args=()):
         self.compiled, self.args, self.measure, self.batch = compiled, args, measure, batch
+        self.checked, self.checked_args = checked, checked_args
         self._buffer: list[float | None] = []
 
     def output(self):
         counters.bump("candidate_runs")
         with DEVICE_LOCK.shared():
+            if self.checked is not None:
+                _block(self.compiled(*self.args))  # the timed program's warm-up run
+                return _block(self.checked(*self.checked_args))
             return _block(self.compiled(*self.args))
 
     def sample(self) -> float | None:
@@ -189,7 +226,9 @@ class DeviceTimer:
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
-        return _DeviceMeasurement(compiled, args, self._measure, self.batch)
+        return _DeviceMeasurement(compiled, args, self._measure, self.batch,
+                                  _check_executable(candidate, problem, args),
+                                  _checked_args(problem, args))
 
 
 def timer_for(platform: str) -> Timer:
@@ -217,16 +256,17 @@ def _host_draw(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     return np.resize(block, shape)
 
 
-def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, Any]:
-    """Fresh random operands (never zeros) of the problem's stored shapes and dtypes.
+def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any, ...]:
+    """Fresh random inputs (never zeros) of the problem's stored shapes and dtypes: lhs,
+    rhs and the epilogue's operands (``problem.input_specs()``).
 
     Drawn on the host, so nothing is compiled: up to ``RANDOM_PERIOD`` elements are
     independent draws; a larger operand repeats that block, and since the period is prime
     every row still starts at a different point of it.
     """
     rng = np.random.default_rng(seed)
-    specs = ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))
-    return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device)) for shape, dtype in specs)
+    return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device))
+                 for shape, dtype in problem.input_specs())
 
 
 def as_numpy(x) -> np.ndarray:

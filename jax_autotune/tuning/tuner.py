@@ -56,7 +56,7 @@ from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore, open_store
 from jax_autotune.tuning.threads import carrying_x64
-from jax_autotune.tuning.timing import Timer, random_operands, timer_for
+from jax_autotune.tuning.timing import Timer, checked_problem, random_operands, timer_for
 
 class PhaseClock:
     """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
@@ -402,8 +402,10 @@ class Tuner:
                 peaks_future = side.submit(carrying_x64(self.probes.peaks_for), problem)
             with phases("reference"):
                 on_host = self.device.platform == "cpu"
-                ref = reference(problem, *inputs, **({} if on_host else {"host_max_macs": 0}))
-                prepare_check(problem, ref, self._jax_device())
+                checked = checked_problem(problem)  # the context, or its product when it reduces
+                ref = reference(checked, *inputs[:len(checked.input_specs())],
+                                **({} if on_host else {"host_max_macs": 0}))
+                prepare_check(checked, ref, self._jax_device())
             with phases("probes"):  # the wait for them, when they ran beside the reference
                 peaks = peaks_future.result() if peaks_future else self.probes.peaks_for(problem)
             bounds = roofline_bounds(problem, peaks, config.get("level"), rules)

@@ -88,11 +88,13 @@ def prime(pairs: Iterable[Pair], device) -> int:
 def _compile_together(pairs: Sequence[Pair], device) -> None:
     sharding = jax.sharding.SingleDeviceSharding(device)
     specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-             for problem, _ in pairs
-             for shape, dtype in ((problem.lhs_shape, problem.lhs_dtype), (problem.rhs_shape, problem.rhs_dtype))]
+             for problem, _ in pairs for shape, dtype in problem.input_specs()]
+    starts = [0]
+    for problem, _ in pairs:
+        starts.append(starts[-1] + len(problem.input_specs()))
 
-    def every_dot(*operands):
-        return tuple(candidate.fn(operands[2 * i], operands[2 * i + 1], problem)
+    def every_dot(*inputs):
+        return tuple(candidate.bound(problem)(*inputs[starts[i]:starts[i + 1]])
                      for i, (problem, candidate) in enumerate(pairs))
 
     lowered = jax.jit(every_dot).lower(*specs)

@@ -1,0 +1,122 @@
+"""Internal: the backward pass of an autotuned function, as JAX computes it, tuned in its contexts.
+
+Differentiating the tuned primitives gives correct gradients, but each backward matmul
+is then a transpose rule's bare product: what consumes it (the add into the input
+gradient, the convert of a weight gradient, the accumulation of a weight used twice) is
+out of sight. So, when an autotuned function is called under reverse-mode autodiff
+(``jax.grad``, ``jax.vjp``), it becomes a ``jax.custom_vjp`` whose forward is
+``jax.vjp`` of the plain function and whose backward is the plain backward pass, both
+traced to jaxprs and rewritten like the function itself (``autotune._rewrite``): the
+gradients are JAX's own, and every matmul of both passes is bound in its context.
+
+    >>> linearized = reverse_mode(arrays)       # which leaves are differentiated
+    >>> if linearized:
+    ...     out = with_tuned_backward(closed, flat_fn, avals, linearized, rewrite)(*arrays)
+
+Forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) cannot differentiate
+a ``custom_vjp``; under it, or where a leaf or output is not a float array, or ``fn`` has
+effects, the function is differentiated as traced (tuned primitives, bare backward keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.extend.core import jaxpr_as_fun
+
+try:  # jax internals (0.10 and 0.11): the tracers of linearize, jvp, vmap and jit
+    from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+    from jax._src.interpreters.batching import BatchTracer
+    from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+except ImportError:  # pragma: no cover - a jax that moved them: differentiate as traced
+    JVPTracer = LinearizeTracer = BatchTracer = DynamicJaxprTracer = None
+
+
+def reverse_mode(arrays) -> tuple[bool, ...] | None:
+    """Which leaves the call is linearized with respect to, for reverse-mode autodiff;
+    None when it is not, or when something else is around it: forward-mode autodiff
+    (which a ``custom_vjp`` refuses) or a tracer of a kind not known here (a leaf it hides
+    could be differentiated, and its gradient must not be lost)."""
+    if LinearizeTracer is None:
+        return None
+    found = []
+    for x in arrays:
+        linearized = False
+        while isinstance(x, jax.core.Tracer):
+            if isinstance(x, LinearizeTracer):
+                linearized, x = True, x.primal
+            elif isinstance(x, BatchTracer):
+                x = x.val
+            elif isinstance(x, DynamicJaxprTracer):
+                break
+            else:  # a JVPTracer, or a kind this walk does not know
+                return None
+        found.append(linearized)
+    return tuple(found) if any(found) else None
+
+
+def _is_float(aval) -> bool:
+    return np.issubdtype(np.dtype(aval.dtype), np.inexact)
+
+
+def with_tuned_backward(primal, flat_fn, avals: tuple, linearized: tuple, rewrite) -> Callable | None:
+    """``custom_vjp`` of ``flat_fn`` (over the array leaves, whose rewritten jaxpr is
+    ``primal``), differentiated with respect to the ``linearized`` leaves, its forward and
+    backward traced and rewritten by ``rewrite``; None where it does not apply (see the
+    module docstring): the caller differentiates as traced (and keeps it per signature)."""
+    if primal.effects or not all(_is_float(a) for a in primal.out_avals):
+        return None
+    floats = tuple(bool(d) and _is_float(a) for a, d in zip(avals, linearized))
+
+    def forward(*arrays):
+        def of_floats(*xs):
+            it = iter(xs)
+            return flat_fn(*(next(it) if f else a for a, f in zip(arrays, floats)))
+        out, pullback = jax.vjp(of_floats, *(a for a, f in zip(arrays, floats) if f))
+        return out, pullback
+
+    try:
+        traced, (out_shape, pullback_shape) = jax.make_jaxpr(forward, return_shape=True)(*avals)
+        out_tree = jax.tree_util.tree_structure(out_shape)
+        pullback_tree = jax.tree_util.tree_structure(pullback_shape)
+        n_out = out_tree.num_leaves
+        residuals = traced.out_avals[n_out:]
+
+        def backward(*inputs):
+            res, cts = inputs[:len(residuals)], inputs[len(residuals):]
+            pullback = jax.tree_util.tree_unflatten(pullback_tree, res)
+            return pullback(jax.tree_util.tree_unflatten(out_tree, cts))
+
+        cotangents = traced.out_avals[:n_out]
+        bwd_traced = jax.make_jaxpr(backward)(*residuals, *cotangents)
+    except Exception:  # noqa: BLE001 - a pullback that is not a pytree of arrays here
+        return None
+    fwd_jaxpr, bwd_jaxpr = rewrite(traced), rewrite(bwd_traced)
+    run_primal, run_fwd, run_bwd = (jaxpr_as_fun(j) for j in (primal, fwd_jaxpr, bwd_jaxpr))
+
+    @jax.custom_vjp
+    def tuned(*arrays):
+        return run_primal(*arrays)
+
+    def tuned_fwd(*arrays):
+        outs = run_fwd(*arrays)
+        return outs[:n_out], outs[n_out:]
+
+    def tuned_bwd(res, cts):
+        grads = iter(run_bwd(*res, *cts))
+        return tuple(next(grads) if f else _zero_cotangent(a) for f, a in zip(floats, avals))
+
+    tuned.defvjp(tuned_fwd, tuned_bwd)
+    return lambda *arrays: tuned(*arrays)
+
+
+def _zero_cotangent(aval):
+    """The cotangent of a leaf nothing differentiates: zeros (float0 for integers)."""
+    if _is_float(aval):
+        return jax.numpy.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+__all__: list[Any] = ["reverse_mode", "with_tuned_backward"]

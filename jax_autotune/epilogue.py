@@ -1,0 +1,364 @@
+"""A matmul's epilogue: the ops a program applies to the product before anything else reads it.
+
+An ``Epilogue`` is a small program over the canonical product ``y`` (batch, m, n): an
+elementwise chain (bias, residual, activation, dtype convert, ...) and reductions over
+``n`` or over everything (a logsumexp, a sum of squares). Its other inputs are
+*operands*, each with a role saying how it broadcasts against ``y``:
+
+* ``scalar`` ``()``; ``row`` ``(n,)`` (a bias); ``col`` ``(batch, m)``; ``full`` ``(batch, m, n)``.
+
+Values have a class: ``full`` (batch, m, n), ``reduced`` (batch, m) after a reduction
+over n, ``total`` () after a reduction over everything; an op's arguments broadcast to
+the widest. The epilogue is part of the tune key (``MatmulKey.epilogue``), so it is
+canonical, hashable and written as one line without spaces:
+
+    row:bfloat16,full:bfloat16|add(y,$0);add(%0,$1)
+
+(operand roles and dtypes, then the ops: ``y`` the product, ``$j`` operand j, ``%i`` the
+result of op i, ``0.5:float32`` a literal). The bare epilogue (no ops) is ``""``.
+``apply`` runs it with lax ops (XLA fuses them with whatever came before), and
+``reference`` in float64 with numpy, for the correctness gate.
+
+    >>> e = Epilogue.parse("row:float32|add(y,$0);tanh(%0)")
+    >>> e.apply(y, (bias,)).shape == y.shape
+    True
+    >>> str(e), e.describe()
+    ('row:float32|add(y,$0);tanh(%0)', 'add(y,row) > tanh')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+ROLES = ("scalar", "row", "col", "full")
+MAX_OPS = 48  # a longer chain is cut there: the rest runs after the tuned program
+_CLASS_RANK = {"total": 0, "reduced": 1, "full": 2}
+_ROLE_CLASS = {"scalar": "total", "col": "reduced", "row": "row", "full": "full"}
+
+# op name -> number of arguments (None: any, select_n); every op but the reductions and
+# broadcasts is elementwise
+ELEMENTWISE_ARITY = {
+    **dict.fromkeys(("neg", "exp", "log", "log1p", "expm1", "tanh", "logistic", "erf", "sqrt",
+                     "rsqrt", "abs", "sign", "square", "is_finite", "stop_gradient", "relu",
+                     "integer_pow", "convert_element_type"), 1),
+    **dict.fromkeys(("add", "sub", "mul", "div", "max", "min", "gt", "ge", "lt", "le", "eq",
+                     "ne"), 2),
+    "select_n": None,
+}
+REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+_PARAMS = {"integer_pow": ("y",), "convert_element_type": ("new_dtype",),
+           **dict.fromkeys(REDUCTIONS, ("axes",)), "broadcast": ("to",)}
+_LITERAL = re.compile(r"^(-?(inf|nan|\d[\d.e+-]*)|True|False):([a-z0-9]+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """An epilogue input other than the product: its role and dtype."""
+
+    role: str
+    dtype: str
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"epilogue operand role must be one of {ROLES}, got {self.role!r}")
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+
+    def shape(self, batch: int, m: int, n: int) -> tuple[int, ...]:
+        return {"scalar": (), "row": (n,), "col": (batch, m), "full": (batch, m, n)}[self.role]
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One op: a name, its arguments (``y``, ``$j``, ``%i`` or a literal) and parameters."""
+
+    name: str
+    args: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def __str__(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.name}{{{params}}}({','.join(self.args)})" if params else f"{self.name}({','.join(self.args)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """The ops after a matmul, canonical and hashable; ``Epilogue()`` is the bare one."""
+
+    operands: tuple[Operand, ...] = ()
+    ops: tuple[Op, ...] = ()
+
+    def __post_init__(self):
+        if len(self.ops) > MAX_OPS:
+            raise ValueError(f"an epilogue holds at most {MAX_OPS} ops, got {len(self.ops)}")
+        if self.operands and not self.ops:
+            raise ValueError("an epilogue without ops takes no operands")
+        self.classes()  # every reference and arity is checked here
+
+    # ---------------------------------------------------------------- form
+    @property
+    def is_bare(self) -> bool:
+        return not self.ops
+
+    def __str__(self) -> str:
+        if self.is_bare:
+            return ""
+        return ",".join(f"{o.role}:{o.dtype}" for o in self.operands) + "|" + ";".join(map(str, self.ops))
+
+    canonical = __str__
+
+    @classmethod
+    def parse(cls, text: str) -> "Epilogue":
+        """Inverse of ``str()``; a malformed text is a ValueError naming the part."""
+        if not isinstance(text, str):
+            raise ValueError(f"epilogue: expected a string, got {type(text).__name__}")
+        if text == "":
+            return BARE
+        head, sep, body = text.partition("|")
+        if not sep or not body:
+            raise ValueError(f"epilogue: expected 'operands|ops', got {text[:80]!r}")
+        operands = []
+        for part in filter(None, head.split(",")):
+            role, _, dtype = part.partition(":")
+            try:
+                operands.append(Operand(role, dtype))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"epilogue: bad operand {part!r}: {err}") from None
+        return cls(tuple(operands), tuple(_parse_op(part) for part in body.split(";")))
+
+    def describe(self) -> str:
+        """The ops with operand roles in place of ``$j``, e.g. ``add(y,row) > tanh``."""
+        def arg(a):
+            return self.operands[int(a[1:])].role if a.startswith("$") else a.split(":")[0]
+        steps = []
+        for op in self.ops:
+            shown = [arg(a) for a in op.args if not a.startswith("%")]
+            extra = ",".join(str(v) for _, v in op.params)
+            inner = ",".join([*shown, extra] if extra else shown)
+            steps.append(f"{op.name}({inner})" if inner else op.name)
+        return " > ".join(steps)
+
+    # ---------------------------------------------------------------- structure
+    def classes(self) -> tuple[str, ...]:
+        """The class (full, reduced, total) of each op's result; a ValueError for a bad
+        reference, arity, parameter or class."""
+        found: list[str] = []
+        for index, op in enumerate(self.ops):
+            arity = ELEMENTWISE_ARITY.get(op.name, 1 if op.name in REDUCTIONS + ("broadcast",) else -1)
+            if arity == -1:
+                raise ValueError(f"epilogue: op {index} {op.name!r} is not an epilogue op")
+            if arity is not None and len(op.args) != arity or not op.args:
+                raise ValueError(f"epilogue: op {index} {op.name} takes {arity} arguments, got {len(op.args)}")
+            if tuple(k for k, _ in op.params) != _PARAMS.get(op.name, ()):
+                raise ValueError(f"epilogue: op {index} {op.name} needs parameters "
+                                 f"{_PARAMS.get(op.name, ())}, got {op.params}")
+            kinds = [self._arg_class(a, found, index) for a in op.args]
+            found.append(_result_class(op, kinds, index))
+        return tuple(found)
+
+    def _arg_class(self, arg: str, found: list[str], index: int) -> str:
+        if arg == "y":
+            return "full"
+        if arg[:1] in "$%" and arg[1:].isdigit():
+            j = int(arg[1:])
+            pool = self.operands if arg[0] == "$" else found
+            if j >= len(pool):
+                raise ValueError(f"epilogue: op {index} refers to {arg}, which does not exist yet")
+            return _ROLE_CLASS[pool[j].role] if arg[0] == "$" else pool[j]
+        if _LITERAL.match(arg):
+            return "total"
+        raise ValueError(f"epilogue: op {index}: bad argument {arg!r}")
+
+    @property
+    def out_class(self) -> str:
+        return self.classes()[-1] if self.ops else "full"
+
+    @property
+    def reduces(self) -> bool:
+        return any(op.name in REDUCTIONS for op in self.ops)
+
+    @property
+    def elementwise(self) -> bool:
+        """No reduction and no broadcast: the result is (batch, m, n), entry by entry."""
+        return not self.reduces and not any(op.name == "broadcast" for op in self.ops)
+
+    def operand_shapes(self, batch: int, m: int, n: int) -> tuple[tuple[int, ...], ...]:
+        return tuple(o.shape(batch, m, n) for o in self.operands)
+
+    def result(self, batch: int, m: int, n: int, product_dtype: str) -> tuple[tuple[int, ...], str]:
+        """(shape, dtype) of the epilogue's result on a (batch, m, n) product."""
+        return _result(self, batch, m, n, np.dtype(product_dtype).name)
+
+    # ---------------------------------------------------------------- evaluation
+    def apply(self, y, operands: Sequence[Any]):
+        """The epilogue on ``y`` (..., m, n) with lax ops; operands in their role shapes
+        (``col``: (..., m)). The bare epilogue returns ``y``. Also runs inside Pallas
+        kernels, on a (rows, cols) tile with operand tiles."""
+        return self._evaluate(y, tuple(operands), _lax_ops(), _jnp())
+
+    def reference(self, y: np.ndarray, operands: Sequence[np.ndarray]) -> np.ndarray:
+        """The epilogue in float64 (numpy) on a float64 product: converts keep float64."""
+        return self._evaluate(np.asarray(y, np.float64), tuple(_float64(o) for o in operands),
+                              _NUMPY_OPS, np)
+
+    def _evaluate(self, y, operands, table: dict[str, Callable], xp):
+        if self.is_bare:
+            return y
+        if len(operands) != len(self.operands):
+            raise ValueError(f"epilogue {self}: expected {len(self.operands)} operands, got {len(operands)}")
+        full, reduced = tuple(y.shape), tuple(y.shape[:-1])
+        classes = self.classes()
+        results: list[Any] = []
+
+        def value(arg):
+            if arg == "y":
+                return y, "full"
+            if arg[0] == "$":
+                j = int(arg[1:])
+                return operands[j], _ROLE_CLASS[self.operands[j].role]
+            if arg[0] == "%":
+                j = int(arg[1:])
+                return results[j], classes[j]
+            text, dtype = arg.rsplit(":", 1)
+            literal = {"True": True, "False": False}.get(text, None)
+            return xp.asarray(float(text) if literal is None else literal, dtype=_host_dtype(dtype, xp)), "total"
+
+        def lift(x, kind, to):
+            shape = {"full": full, "reduced": reduced, "total": ()}[to]
+            if kind in ("reduced",) and to == "full":
+                x = xp.expand_dims(x, -1)
+            return x if tuple(x.shape) == shape else xp.broadcast_to(x, shape)
+
+        for op, kind in zip(self.ops, classes):
+            params = dict(op.params)
+            args = [value(a) for a in op.args]
+            if op.name in REDUCTIONS:
+                (x, _), = args
+                axis = -1 if params["axes"] == "n" else None
+                results.append(table[op.name](x, axis))
+            elif op.name == "broadcast":
+                (x, from_kind), = args
+                results.append(lift(x, from_kind, params["to"]))
+            else:
+                lifted = [lift(x, k, kind) for x, k in args]
+                params.pop("axes", None)
+                results.append(table[op.name](*lifted, **params))
+        return results[-1]
+
+
+BARE = Epilogue()
+
+
+def _parse_op(text: str) -> Op:
+    match = re.fullmatch(r"([a-z_0-9]+)(?:\{([^}]*)\})?\(([^)]*)\)", text)
+    if not match:
+        raise ValueError(f"epilogue: bad op {text[:80]!r}")
+    name, params_text, args_text = match.groups()
+    params = []
+    for item in filter(None, (params_text or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"epilogue: bad parameter {item!r} of {name}")
+        params.append((key, int(value) if key == "y" else value))
+    return Op(name, tuple(filter(None, args_text.split(","))), tuple(params))
+
+
+def _result_class(op: Op, kinds: list[str], index: int) -> str:
+    params = dict(op.params)
+    if op.name in REDUCTIONS:
+        if params["axes"] not in ("n", "all"):
+            raise ValueError(f"epilogue: op {index} reduces over {params['axes']!r}; expected n or all")
+        if kinds[0] == "row" or (params["axes"] == "n" and kinds[0] != "full"):
+            raise ValueError(f"epilogue: op {index} reduces a {kinds[0]} value over {params['axes']}")
+        return "reduced" if params["axes"] == "n" else "total"
+    if op.name == "broadcast":
+        if params["to"] not in ("full", "reduced") or _CLASS_RANK.get(kinds[0], 3) >= _CLASS_RANK[params["to"]]:
+            raise ValueError(f"epilogue: op {index} broadcasts a {kinds[0]} value to {params['to']!r}")
+        return params["to"]
+    if "row" in kinds or "full" in kinds:
+        return "full"
+    return "reduced" if "reduced" in kinds else "total"
+
+
+@functools.lru_cache(maxsize=512)
+def _result(epilogue: Epilogue, batch: int, m: int, n: int, product_dtype: str):
+    import jax
+
+    y = jax.ShapeDtypeStruct((batch, m, n), product_dtype)
+    operands = [jax.ShapeDtypeStruct(o.shape(batch, m, n), o.dtype) for o in epilogue.operands]
+    out = jax.eval_shape(lambda y, *ops: epilogue.apply(y, ops), y, *operands)
+    return tuple(out.shape), np.dtype(out.dtype).name
+
+
+def _float64(x) -> np.ndarray:
+    """A host copy; floats (bfloat16 and float8 included) as float64."""
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.kind == "f" or x.dtype.name.startswith(("bfloat16", "float8")) else x
+
+
+def _host_dtype(dtype: str, xp):
+    if xp is np:  # the float64 reference: floats stay float64
+        return np.float64 if np.issubdtype(np.dtype(_np_name(dtype)), np.floating) else np.dtype(dtype)
+    return dtype
+
+
+def _np_name(dtype: str) -> str:
+    return "float32" if dtype == "bfloat16" or dtype.startswith("float8") else dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _jnp():
+    import jax.numpy as jnp
+    return jnp
+
+
+@functools.lru_cache(maxsize=None)
+def _lax_ops() -> dict[str, Callable]:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    return {
+        "add": lax.add, "sub": lax.sub, "mul": lax.mul, "div": lax.div, "max": lax.max,
+        "min": lax.min, "gt": lax.gt, "ge": lax.ge, "lt": lax.lt, "le": lax.le, "eq": lax.eq,
+        "ne": lax.ne, "neg": lax.neg, "exp": lax.exp, "log": lax.log, "log1p": lax.log1p,
+        "expm1": lax.expm1, "tanh": lax.tanh, "logistic": lax.logistic, "erf": lax.erf,
+        "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "abs": lax.abs, "sign": lax.sign,
+        "square": lax.square, "is_finite": lax.is_finite, "stop_gradient": lax.stop_gradient,
+        "relu": jax.nn.relu, "select_n": lax.select_n,
+        "integer_pow": lambda x, y: lax.integer_pow(x, int(y)),
+        "convert_element_type": lambda x, new_dtype: lax.convert_element_type(x, new_dtype),
+        "reduce_sum": lambda x, axis: jnp.sum(x, axis=axis),
+        "reduce_max": lambda x, axis: jnp.max(x, axis=axis),
+        "reduce_min": lambda x, axis: jnp.min(x, axis=axis),
+    }
+
+
+def _select_n(which, *cases):
+    return np.choose(np.asarray(which).astype(np.int64), np.broadcast_arrays(*cases))
+
+
+_NUMPY_OPS: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+    "min": np.minimum, "gt": np.greater, "ge": np.greater_equal, "lt": np.less,
+    "le": np.less_equal, "eq": np.equal, "ne": np.not_equal, "neg": np.negative, "exp": np.exp,
+    "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)), "erf": np.vectorize(math.erf, otypes=[np.float64]),
+    "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "abs": np.abs, "sign": np.sign,
+    "square": np.square, "is_finite": np.isfinite, "stop_gradient": lambda x: x,
+    "relu": lambda x: np.maximum(x, 0), "select_n": _select_n,
+    "integer_pow": lambda x, y: x ** int(y),
+    # the reference keeps float64: only a convert to a non-float type changes values
+    "convert_element_type": lambda x, new_dtype: x if np.issubdtype(np.dtype(_np_name(new_dtype)), np.floating)
+    else x.astype(new_dtype),
+    "reduce_sum": lambda x, axis: np.sum(x, axis=axis),
+    "reduce_max": lambda x, axis: np.max(x, axis=axis),
+    "reduce_min": lambda x, axis: np.min(x, axis=axis),
+}
+
+__all__ = ["Epilogue", "Operand", "Op", "BARE", "ROLES", "MAX_OPS", "ELEMENTWISE_ARITY", "REDUCTIONS"]
