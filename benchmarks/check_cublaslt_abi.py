@@ -27,7 +27,13 @@ using namespace jat::lt;
 static_assert(kR32F == CUDA_R_32F && kR16F == CUDA_R_16F && kR16BF == CUDA_R_16BF, "dtypes");
 static_assert(kCompute32F == CUBLAS_COMPUTE_32F && kCompute32FFastTf32 == CUBLAS_COMPUTE_32F_FAST_TF32, "compute");
 static_assert(kOpN == CUBLAS_OP_N && kOpT == CUBLAS_OP_T, "ops");
-static_assert(kDescTransA == CUBLASLT_MATMUL_DESC_TRANSA && kDescTransB == CUBLASLT_MATMUL_DESC_TRANSB, "desc");
+static_assert(kDescTransA == CUBLASLT_MATMUL_DESC_TRANSA && kDescTransB == CUBLASLT_MATMUL_DESC_TRANSB
+              && kDescEpilogue == CUBLASLT_MATMUL_DESC_EPILOGUE
+              && kDescBiasPointer == CUBLASLT_MATMUL_DESC_BIAS_POINTER, "desc");
+static_assert(kEpilogueDefault == CUBLASLT_EPILOGUE_DEFAULT && kEpilogueRelu == CUBLASLT_EPILOGUE_RELU
+              && kEpilogueBias == CUBLASLT_EPILOGUE_BIAS && kEpilogueReluBias == CUBLASLT_EPILOGUE_RELU_BIAS
+              && kEpilogueGelu == CUBLASLT_EPILOGUE_GELU && kEpilogueGeluBias == CUBLASLT_EPILOGUE_GELU_BIAS,
+              "epilogues");
 static_assert(kLayoutBatchCount == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
               && kLayoutBatchStride == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, "layout");
 static_assert(kPrefMaxWorkspace == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES

@@ -1,9 +1,13 @@
-"""A GPT-2-small training step, plain against tuned: warmup cost, first step, step time.
+"""Training steps of two models, plain against tuned: warmup cost, first step, step time.
 
-    python benchmarks/model_step.py --out benchmarks/results [--layers 12] [--batch 8] [--seq 1024]
+    python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama]
 
-flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an untied output head), bf16
-compute with f32 parameters, AdamW (optax). Three variants of the same step:
+* ``gpt2``: GPT-2-small in flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an
+  untied output head), batch 8 x 1024;
+* ``llama``: a Llama-style decoder, 8 layers, d 2048, RMSNorm, grouped-query attention (16
+  query heads, 4 key-value heads), SwiGLU MLP (hidden 5632), no biases, an untied head
+  with an odd vocabulary (32003), batch 4 x 1024.
+Both in bf16 compute with f32 parameters, AdamW (optax). Three variants of the same step:
 * ``plain``: every Dense with ``lax.dot_general`` (flax's default);
 * ``layers``: every Dense with ``dot_general=jat.dot_general``;
 * ``autotune``: the plain model's loss through ``jat.autotune`` (every matmul, the
@@ -29,9 +33,14 @@ import time
 from report import child_result, write_results
 
 VARIANTS = ("plain", "layers", "autotune")
+MODELS = {  # name -> the sizes its builder takes
+    "gpt2": dict(layers=12, d=768, heads=12, vocab=50257, batch=8, seq=1024),
+    "llama": dict(layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003, batch=4, seq=1024),
+}
 
 
-def build(variant: str, layers: int, d: int, heads: int, vocab: int, seq: int):
+def build(model: str, variant: str, sizes: dict):
+    """(flax module, loss(params, batch), optax optimizer, jitted train step)."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -40,6 +49,27 @@ def build(variant: str, layers: int, d: int, heads: int, vocab: int, seq: int):
     import jax_autotune as jat
 
     dot = jat.dot_general if variant == "layers" else jax.lax.dot_general
+    module = (gpt2 if model == "gpt2" else llama)(nn, jax, jnp, dot, **{k: v for k, v in sizes.items() if k != "batch"})
+
+    def loss(params, batch):
+        tokens, targets = batch
+        logits = module.apply(params, tokens).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    if variant == "autotune":
+        loss = jat.autotune(loss)
+    optimizer = optax.adamw(3e-4)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return module, loss, optimizer, step
+
+
+def gpt2(nn, jax, jnp, dot, *, layers: int, d: int, heads: int, vocab: int, seq: int):
     dense = lambda features, name: nn.Dense(features, dtype=jnp.bfloat16, dot_general=dot,  # noqa: E731
                                             name=name)
 
@@ -66,24 +96,41 @@ def build(variant: str, layers: int, d: int, heads: int, vocab: int, seq: int):
                 x = Block(name=f"block{i}")(x)
             return dense(vocab, "head")(nn.LayerNorm(dtype=jnp.bfloat16)(x))
 
-    model = GPT()
+    return GPT()
 
-    def loss(params, batch):
-        tokens, targets = batch
-        logits = model.apply(params, tokens).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
-    if variant == "autotune":
-        loss = jat.autotune(loss)
-    optimizer = optax.adamw(3e-4)
+def llama(nn, jax, jnp, dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int,
+          vocab: int, seq: int):
+    head_dim = d // heads
+    dense = lambda features, name: nn.Dense(features, use_bias=False, dtype=jnp.bfloat16,  # noqa: E731
+                                            dot_general=dot, name=name)
 
-    @jax.jit
-    def step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, t, _ = x.shape
+            h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
+            q = dense(heads * head_dim, "q")(h).reshape(b, t, heads, head_dim)
+            k = dense(kv_heads * head_dim, "k")(h).reshape(b, t, kv_heads, head_dim)
+            v = dense(kv_heads * head_dim, "v")(h).reshape(b, t, kv_heads, head_dim)
+            k, v = (jnp.repeat(z, heads // kv_heads, axis=2) for z in (k, v))  # grouped-query
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            weights = jax.nn.softmax(jnp.where(causal, scores, -1e9).astype(jnp.float32), axis=-1)
+            attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(jnp.bfloat16), v).reshape(b, t, d)
+            x = x + dense(d, "o")(attended)
+            h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
+            return x + dense(d, "down")(jax.nn.silu(dense(hidden, "gate")(h)) * dense(hidden, "up")(h))
 
-    return model, loss, optimizer, step
+    class Llama(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(vocab, d, dtype=jnp.bfloat16)(tokens)
+            for i in range(layers):
+                x = Block(name=f"block{i}")(x)
+            return dense(vocab, "head")(nn.RMSNorm(dtype=jnp.bfloat16)(x))
+
+    return Llama()
 
 
 def tuning_breakdown(decisions) -> dict:
@@ -119,12 +166,13 @@ def run_variant(args) -> dict:
 
     import jax_autotune as jat
 
-    model, loss, optimizer, step = build(args.variant, args.layers, args.d, args.heads, args.vocab, args.seq)
-    tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, args.vocab)
+    sizes = MODELS[args.model]
+    model, loss, optimizer, step = build(args.model, args.variant, sizes)
+    tokens = jax.random.randint(jax.random.key(0), (sizes["batch"], sizes["seq"]), 0, sizes["vocab"])
     batch = (tokens, jnp.roll(tokens, -1, axis=1))
     params = model.init(jax.random.key(1), tokens)
     opt_state = optimizer.init(params)
-    row = {"variant": args.variant}
+    row = {"model": args.model, "variant": args.variant}
     if args.variant != "plain":
         from jax_autotune.tuning.tuner import record_decisions
         primes = timed_priming()
@@ -156,13 +204,9 @@ def run_variant(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--d", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--models", default="gpt2,llama", help=f"comma-separated, of {sorted(MODELS)}")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--model", choices=sorted(MODELS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout-s", type=float, default=240.0)
     args = parser.parse_args()
@@ -170,29 +214,35 @@ def main() -> None:
         print(json.dumps(run_variant(args)))
         return
     rows = []
-    for variant in VARIANTS:
-        env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{variant}_"))
-        child = ["--variant", variant] + [
-            f"--{name}={getattr(args, name)}" for name in ("layers", "d", "heads", "vocab", "batch", "seq", "steps")]
-        try:
-            rows.append(child_result(__file__, child, env, args.timeout_s))
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-            rows.append({"variant": variant, "error": f"{type(err).__name__}: {err}"[-2000:]})
-        print(json.dumps(rows[-1]), flush=True)
+    for model in args.models.split(","):
+        for variant in VARIANTS:
+            env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{model}_{variant}_"))
+            child = ["--model", model, "--variant", variant, f"--steps={args.steps}"]
+            try:
+                rows.append(child_result(__file__, child, env, args.timeout_s))
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+                rows.append({"model": model, "variant": variant, "error": f"{type(err).__name__}: {err}"[-2000:]})
+            print(json.dumps(rows[-1]), flush=True)
     import jax
     command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])
-    text = report(rows, command, jax.__version__, jax.devices()[0].device_kind, args)
+    text = report(rows, command, jax.__version__, jax.devices()[0].device_kind)
     print(text)
     write_results(args.out, f"model_step_{datetime.date.today().isoformat()}", text,
                   {"rows": rows, "command": command})
 
 
-def report(rows, command, jax_version, device, args) -> str:
+def report(rows, command, jax_version, device) -> str:
+    lines = [f"# Model steps on {device}, {datetime.date.today().isoformat()}", "",
+             f"jax {jax_version}; command: `{command}`", ""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += model_table(model, [r for r in rows if r["model"] == model])
+    return "\n".join(lines) + "\n"
+
+
+def model_table(model: str, rows: list[dict]) -> list[str]:
+    sizes = ", ".join(f"{k} {v}" for k, v in MODELS[model].items())
     plain = next((r for r in rows if r["variant"] == "plain" and "step_ms" in r), None)
-    lines = [f"# Model step on {device}, {datetime.date.today().isoformat()}", "",
-             f"jax {jax_version}; command: `{command}`", "",
-             f"GPT-2-like: {args.layers} layers, d {args.d}, {args.heads} heads, vocabulary {args.vocab}, "
-             f"batch {args.batch} x {args.seq}, bf16 compute, AdamW.", "",
+    lines = [f"## {model} ({sizes}; bf16 compute, AdamW)", "",
              "| variant | warmup s (XLA dot compiles, summed; XLA dots primed together) | keys | first step s | tuned in first step | step ms "
              "| plain / variant | first losses |",
              "|---|---|---|---|---|---|---|---|"]
@@ -209,7 +259,7 @@ def report(rows, command, jax_version, device, args) -> str:
         lines.append(f"| {r['variant']} | {warm} | {r.get('keys', '-')} | {r['first_step_s']:.2f} | "
                      f"{r['tuned_in_first_step']} | {r['step_ms']:.2f} | {ratio} | "
                      f"{', '.join(f'{x:.4f}' for x in r['losses'])} |")
-    return "\n".join(lines) + "\n"
+    return lines + [""]
 
 
 if __name__ == "__main__":

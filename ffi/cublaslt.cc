@@ -7,6 +7,12 @@
 //
 // Row-major C = A B is column-major C^T = B^T A^T, so cuBLASLt's "A" is our rhs and its
 // "B" our lhs; a transposed operand is read in place (op T).
+//
+// jax_autotune_cublaslt_epilogue: the same with cuBLASLt's epilogue, out = act(lhs @ rhs +
+// residual + bias), in one kernel. Two more operands, bias (n,) and residual (batch, m, n),
+// both in out's dtype (a one-element placeholder where unused), and three more attributes:
+// activation (0 none, 1 relu, 2 gelu, cuBLASLt's tanh form), has_bias, has_residual (0 or
+// 1); a residual takes no activation (cuBLASLt would apply it after the residual).
 #include "cublaslt.h"
 
 #include <dlfcn.h>
@@ -51,15 +57,27 @@ struct Api {
 };
 
 // One problem's descriptors and algorithms, made on its first call and kept (read-only
-// after that, so calls share them without the lock).
+// after that, so calls share them without the lock; a bias pointer, set per call, takes
+// the plan's own lock).
 struct Plan {
   MatmulDesc desc = nullptr;
   MatrixLayout a = nullptr, b = nullptr, c = nullptr;
   std::vector<Algo> algorithms;
+  std::mutex bias_mutex;
 };
 
+// device, in, out, compute types, batch, m, n, k, transposes, alignments of lhs, rhs,
+// out, workspace bytes, cuBLASLt epilogue, alignments of the bias and of C (the residual)
 using PlanKey = std::tuple<int32_t, int, int, int, int64_t, int64_t, int64_t, int64_t, bool,
-                           bool, uint32_t, uint32_t, uint32_t, size_t>;
+                           bool, uint32_t, uint32_t, uint32_t, size_t, uint32_t, uint32_t,
+                           uint32_t>;
+
+// What a call applies after the product: cuBLASLt's epilogue, its bias and C (beta 1).
+struct Epilogue {
+  uint32_t code = kEpilogueDefault;
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+};
 
 struct Library {
   std::mutex mutex;
@@ -105,7 +123,7 @@ int cuda_type(ffi::DataType t) {
 // Called with the library's lock held.
 Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* error) {
   const auto& [device, in_type, out_type, compute, batch, m, n, k, ta, tb, align_lhs,
-               align_rhs, align_out, workspace] = key;
+               align_rhs, align_out, workspace, epilogue, align_bias, align_c] = key;
   const Api& api = lib.api;
   auto plan = std::make_unique<Plan>();
   auto fail = [&](const char* call, Status s) {
@@ -116,8 +134,15 @@ Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* 
   if ((s = api.desc_create(&plan->desc, compute, kR32F))) return fail("MatmulDescCreate", s);
   const int op_a = tb ? kOpT : kOpN, op_b = ta ? kOpT : kOpN;
   if ((s = api.desc_set(plan->desc, kDescTransA, &op_a, sizeof(op_a))) ||
-      (s = api.desc_set(plan->desc, kDescTransB, &op_b, sizeof(op_b))))
+      (s = api.desc_set(plan->desc, kDescTransB, &op_b, sizeof(op_b))) ||
+      (epilogue != kEpilogueDefault &&
+       (s = api.desc_set(plan->desc, kDescEpilogue, &epilogue, sizeof(epilogue)))))
     return fail("MatmulDescSetAttribute", s);
+  if (align_bias != 0) {  // the heuristic reads the bias pointer's alignment: one with it
+    const void* aligned = reinterpret_cast<const void*>(static_cast<uintptr_t>(align_bias));
+    if ((s = api.desc_set(plan->desc, kDescBiasPointer, &aligned, sizeof(aligned))))
+      return fail("MatmulDescSetAttribute", s);
+  }
   // cuBLASLt's A is our rhs: column-major (n x k), or (k x n) read transposed
   if ((s = api.layout_create(&plan->a, in_type, tb ? k : n, tb ? n : k, tb ? k : n)) ||
       (s = api.layout_create(&plan->b, in_type, ta ? m : k, ta ? k : m, ta ? m : k)) ||
@@ -135,7 +160,7 @@ Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* 
   Preference preference = nullptr;
   if ((s = api.preference_create(&preference))) return fail("MatmulPreferenceCreate", s);
   const uint64_t max_workspace = workspace;
-  const uint32_t aligns[4] = {align_rhs, align_lhs, align_out, align_out};
+  const uint32_t aligns[4] = {align_rhs, align_lhs, align_c, align_out};
   const int align_attributes[4] = {kPrefAlignA, kPrefAlignB, kPrefAlignC, kPrefAlignD};
   s = api.preference_set(preference, kPrefMaxWorkspace, &max_workspace, sizeof(max_workspace));
   for (int i = 0; i < 4 && s == 0; ++i)
@@ -161,11 +186,11 @@ Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* 
   return raw;
 }
 
-ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
-                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
-                         int64_t transpose_a, int64_t transpose_b, int64_t tf32,
-                         int64_t algorithm) {
-  const char* target = "jax_autotune_cublaslt";
+ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::AnyBuffer lhs,
+                      ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> out,
+                      ffi::Result<ffi::AnyBuffer> workspace, int64_t transpose_a,
+                      int64_t transpose_b, int64_t tf32, int64_t algorithm,
+                      const Epilogue& epilogue) {
   Shapes s;
   if (auto e = check_shapes(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
     return e;
@@ -197,10 +222,12 @@ ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::
       }
     handle = slot;
     const int compute = f32_in && tf32 != 0 ? kCompute32FFastTf32 : kCompute32F;
+    const uint32_t align_out = alignment(out->untyped_data());
     const PlanKey key{device, cuda_type(in), cuda_type(result), compute, s.batch, s.m, s.n, s.k,
                       transpose_a != 0, transpose_b != 0, alignment(lhs.untyped_data()),
-                      alignment(rhs.untyped_data()), alignment(out->untyped_data()),
-                      workspace->size_bytes()};
+                      alignment(rhs.untyped_data()), align_out, workspace->size_bytes(),
+                      epilogue.code, epilogue.bias ? alignment(epilogue.bias) : 0u,
+                      epilogue.residual ? alignment(epilogue.residual) : align_out};
     auto found = lib.plans.find(key);
     if (found != lib.plans.end()) {
       plan = found->second.get();
@@ -211,14 +238,67 @@ ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::
     }
   }
   const size_t pick = std::min<size_t>(std::max<int64_t>(algorithm, 0), plan->algorithms.size() - 1);
-  const float alpha = 1.0f, beta = 0.0f;
-  const Status st = lib.api.matmul(handle, plan->desc, &alpha, rhs.untyped_data(), plan->a,
-                                   lhs.untyped_data(), plan->b, &beta, out->untyped_data(),
-                                   plan->c, out->untyped_data(), plan->c,
-                                   &plan->algorithms[pick], workspace->untyped_data(),
-                                   workspace->size_bytes(), stream);
+  const float alpha = 1.0f, beta = epilogue.residual ? 1.0f : 0.0f;
+  const void* c = epilogue.residual ? epilogue.residual : out->untyped_data();
+  auto call = [&]() {
+    return lib.api.matmul(handle, plan->desc, &alpha, rhs.untyped_data(), plan->a,
+                          lhs.untyped_data(), plan->b, &beta, c, plan->c, out->untyped_data(),
+                          plan->c, &plan->algorithms[pick], workspace->untyped_data(),
+                          workspace->size_bytes(), stream);
+  };
+  Status st;
+  if (epilogue.bias != nullptr) {
+    std::lock_guard<std::mutex> lock(plan->bias_mutex);  // the pointer lives in the plan's descriptor
+    st = lib.api.desc_set(plan->desc, kDescBiasPointer, &epilogue.bias, sizeof(epilogue.bias));
+    if (st == 0) st = call();
+  } else {
+    st = call();
+  }
   if (st != 0) return ffi::Error(ffi::ErrorCode::kInternal, status_error("cublasLtMatmul", st));
   return ffi::Error::Success();
+}
+
+ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                         int64_t transpose_a, int64_t transpose_b, int64_t tf32,
+                         int64_t algorithm) {
+  return run_matmul("jax_autotune_cublaslt", stream, device, lhs, rhs, out, workspace,
+                    transpose_a, transpose_b, tf32, algorithm, Epilogue{});
+}
+
+// The epilogue variant: bias and residual checked against out, then the same matmul.
+ffi::Error cublaslt_epilogue_impl(void* stream, int32_t device, ffi::AnyBuffer lhs,
+                                  ffi::AnyBuffer rhs, ffi::AnyBuffer bias,
+                                  ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> out,
+                                  ffi::Result<ffi::AnyBuffer> workspace, int64_t transpose_a,
+                                  int64_t transpose_b, int64_t tf32, int64_t algorithm,
+                                  int64_t activation, int64_t has_bias, int64_t has_residual) {
+  const char* target = "jax_autotune_cublaslt_epilogue";
+  auto flag = [](int64_t v) { return v == 0 || v == 1; };
+  if (!flag(has_bias) || !flag(has_residual) || activation < 0 || activation > 2 ||
+      (has_residual && activation != 0))
+    return ffi::Error::InvalidArgument(
+        std::string(target) + ": has_bias and has_residual must be 0 or 1 and activation 0 "
+        "(none), 1 (relu) or 2 (gelu), none with a residual; got " + std::to_string(has_bias) +
+        ", " + std::to_string(has_residual) + ", " + std::to_string(activation));
+  const auto out_dims = out->dimensions();
+  const int64_t n = out_dims.size() == 3 ? out_dims[2] : -1;
+  if (has_bias && (bias.element_type() != out->element_type() || bias.dimensions().size() != 1 ||
+                   bias.dimensions()[0] != n))
+    return ffi::Error::InvalidArgument(std::string(target) + ": bias must be (n,) in out's dtype, got " +
+                                       dims_string(bias.dimensions()) + " " + dtype_name(bias.element_type()));
+  if (has_residual && (residual.element_type() != out->element_type() ||
+                       dims_string(residual.dimensions()) != dims_string(out_dims)))
+    return ffi::Error::InvalidArgument(std::string(target) + ": residual must be out's shape and dtype, got " +
+                                       dims_string(residual.dimensions()) + " " +
+                                       dtype_name(residual.element_type()));
+  static constexpr uint32_t kCodes[3][2] = {{kEpilogueDefault, kEpilogueBias},
+                                            {kEpilogueRelu, kEpilogueReluBias},
+                                            {kEpilogueGelu, kEpilogueGeluBias}};
+  Epilogue epilogue{kCodes[activation][has_bias], has_bias ? bias.untyped_data() : nullptr,
+                    has_residual ? residual.untyped_data() : nullptr};
+  return run_matmul(target, stream, device, lhs, rhs, out, workspace, transpose_a, transpose_b,
+                    tf32, algorithm, epilogue);
 }
 
 }  // namespace
@@ -275,8 +355,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CublasLtHandler, cublaslt_impl,
                                   .Attr<int64_t>("tf32")
                                   .Attr<int64_t>("algorithm"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CublasLtEpilogueHandler, cublaslt_epilogue_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("transpose_a")
+                                  .Attr<int64_t>("transpose_b")
+                                  .Attr<int64_t>("tf32")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("has_bias")
+                                  .Attr<int64_t>("has_residual"));
+
 std::vector<std::pair<const char*, XLA_FFI_Handler*>> cuda_ffi_handlers() {
-  return {{"jax_autotune_cublaslt", CublasLtHandler}};
+  return {{"jax_autotune_cublaslt", CublasLtHandler},
+          {"jax_autotune_cublaslt_epilogue", CublasLtEpilogueHandler}};
 }
 
 }  // namespace jat

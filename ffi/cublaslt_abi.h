@@ -28,7 +28,11 @@ struct HeuristicResult {
 constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;           // cudaDataType_t
 constexpr int kCompute32F = 68, kCompute32FFastTf32 = 77;  // cublasComputeType_t
 constexpr int kOpN = 0, kOpT = 1;                          // cublasOperation_t
-constexpr int kDescTransA = 3, kDescTransB = 4;            // cublasLtMatmulDescAttributes_t
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7,
+              kDescBiasPointer = 8;  // cublasLtMatmulDescAttributes_t
+// cublasLtEpilogue_t
+constexpr uint32_t kEpilogueDefault = 1, kEpilogueRelu = 2, kEpilogueBias = 4,
+                   kEpilogueReluBias = 6, kEpilogueGelu = 32, kEpilogueGeluBias = 36;
 constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;  // ...MatrixLayoutAttribute_t
 constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,
               kPrefAlignD = 8;  // cublasLtMatmulPreferenceAttributes_t

@@ -195,18 +195,20 @@ class Epilogue:
         return _result(self, batch, m, n, np.dtype(product_dtype).name)
 
     # ---------------------------------------------------------------- evaluation
-    def apply(self, y, operands: Sequence[Any]):
+    def apply(self, y, operands: Sequence[Any], compute_dtype: str | None = None):
         """The epilogue on ``y`` (..., m, n) with lax ops; operands in their role shapes
         (``col``: (..., m)). The bare epilogue returns ``y``. Also runs inside Pallas
-        kernels, on a (rows, cols) tile with operand tiles."""
-        return self._evaluate(y, tuple(operands), _lax_ops(), _jnp())
+        kernels, on a (rows, cols) tile with operand tiles; there ``compute_dtype``
+        ("float32") stands for every narrower float (literals and converts), so the whole
+        chain runs in f32 and is rounded once, at the store."""
+        return self._evaluate(y, tuple(operands), _lax_ops(), _jnp(), compute_dtype)
 
     def reference(self, y: np.ndarray, operands: Sequence[np.ndarray]) -> np.ndarray:
         """The epilogue in float64 (numpy) on a float64 product: converts keep float64."""
         return self._evaluate(np.asarray(y, np.float64), tuple(_float64(o) for o in operands),
                               _NUMPY_OPS, np)
 
-    def _evaluate(self, y, operands, table: dict[str, Callable], xp):
+    def _evaluate(self, y, operands, table: dict[str, Callable], xp, compute_dtype=None):
         if self.is_bare:
             return y
         if len(operands) != len(self.operands):
@@ -226,6 +228,7 @@ class Epilogue:
                 return results[j], classes[j]
             text, dtype = arg.rsplit(":", 1)
             literal = {"True": True, "False": False}.get(text, None)
+            dtype = _widened(dtype, compute_dtype)
             return xp.asarray(float(text) if literal is None else literal, dtype=_host_dtype(dtype, xp)), "total"
 
         def lift(x, kind, to):
@@ -246,7 +249,8 @@ class Epilogue:
                 results.append(lift(x, from_kind, params["to"]))
             else:
                 lifted = [lift(x, k, kind) for x, k in args]
-                params.pop("axes", None)
+                if "new_dtype" in params:
+                    params["new_dtype"] = _widened(params["new_dtype"], compute_dtype)
                 results.append(table[op.name](*lifted, **params))
         return results[-1]
 
@@ -293,6 +297,13 @@ def _result(epilogue: Epilogue, batch: int, m: int, n: int, product_dtype: str):
     operands = [jax.ShapeDtypeStruct(o.shape(batch, m, n), o.dtype) for o in epilogue.operands]
     out = jax.eval_shape(lambda y, *ops: epilogue.apply(y, ops), y, *operands)
     return tuple(out.shape), np.dtype(out.dtype).name
+
+
+def _widened(dtype: str, compute_dtype: str | None) -> str:
+    """``compute_dtype`` for a float narrower than it, else ``dtype``."""
+    if compute_dtype is None or dtype in ("bool",) or not dtype.startswith(("float", "bfloat")):
+        return dtype
+    return compute_dtype if np.dtype(dtype).itemsize < np.dtype(compute_dtype).itemsize else dtype
 
 
 def _float64(x) -> np.ndarray:

@@ -38,6 +38,13 @@ through an FFI custom call) joins every group's top tier, like XLA's dot joins e
 round: it compiles in milliseconds, is measured right after XLA's dot, and sets the bar
 that the cost model skips hopeless Pallas candidates against (``rules.cost_skip_ratio``).
 
+A key with an epilogue (``MatmulKey.epilogue``) runs every candidate with the epilogue
+after it as XLA ops (XLA fuses it into its own GEMM, a custom call's runs as one more
+kernel), and adds the fused ones (``kernels.gpu.epilogues``): ``cublaslt_epilogue_algo0..2``
+(cuBLASLt's bias, relu, gelu and residual epilogues, beside ``cublaslt_algo*``), and each
+unsplit Triton GEMM as ``..._epilogue``, which applies an elementwise epilogue to its tiles
+before the store and stands in for the plain one there.
+
 Candidates a device cannot run (``supports``: platform, capability, dtypes, shared
 memory, alignment) are demoted by the planner; Mosaic needs sm_90 and on other GPUs its
 group is skipped outright.
@@ -52,7 +59,7 @@ import numpy as np
 
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.kernels.gpu import cublaslt, mosaic
+from jax_autotune.kernels.gpu import cublaslt, epilogues, mosaic
 from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
 from jax_autotune.kernels.gpu.padded import padded, padded_problem
@@ -236,6 +243,23 @@ def cublaslt_supports(device: DeviceInfo, key: MatmulKey) -> bool:
             and Precision(key.precision).algorithm is None and cublaslt.available())
 
 
+def cublaslt_epilogue_supports(device: DeviceInfo, key: MatmulKey) -> bool:
+    """cuBLASLt's own epilogue computes the key's (``epilogues.cublaslt_form``)."""
+    return (epilogues.cublaslt_form(key.epilogue, key.out_dtype) is not None
+            and cublaslt_supports(device, key))
+
+
+def applying_epilogue(supports):
+    """``supports`` for a Triton GEMM's fused variant: only where it takes the epilogue."""
+    return lambda device, key: epilogues.triton_takes(key.epilogue) and supports(device, key)
+
+
+def unless_applied(supports):
+    """``supports`` for a plain Triton GEMM with a fused variant, which stands in for it
+    wherever that one takes the epilogue."""
+    return lambda device, key: not epilogues.triton_takes(key.epilogue) and supports(device, key)
+
+
 def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
     return _triton_device_ok(device, key) and is_vector(key)
 
@@ -328,9 +352,10 @@ def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
 # ---------------------------------------------------------------- the set
 
 def _kernel(fn, config, fn_name: str | None = None):
-    """``fn(lhs, rhs, problem)`` for the candidate contract, with the config bound."""
-    def kernel(lhs, rhs, problem: MatmulProblem):
-        return fn(lhs, rhs, problem, config)
+    """``fn(lhs, rhs, problem, *operands)`` for the candidate contract, with the config bound
+    (operands: a fused variant's epilogue operands)."""
+    def kernel(lhs, rhs, problem: MatmulProblem, *operands):
+        return fn(lhs, rhs, problem, config, *operands)
     kernel.__name__ = f"{fn_name or fn.__name__}_{config.name}"
     return kernel
 
@@ -342,6 +367,16 @@ def _align_tier(align: int):
 
 def _cublaslt_kernel(lhs, rhs, problem: MatmulProblem, *, algorithm: int):
     return cublaslt.matmul(lhs, rhs, problem, algorithm=algorithm)
+
+
+def _cublaslt_epilogue_kernel(lhs, rhs, problem: MatmulProblem, *operands, algorithm: int):
+    """The whole context in one cuBLASLt call: its epilogue takes the key's."""
+    form = epilogues.cublaslt_form(problem.epilogue, problem.out_dtype)
+    if form is None:
+        raise ValueError(f"cuBLASLt's epilogue cannot compute {problem.epilogue}")
+    pick = lambda index: None if index is None else operands[index]  # noqa: E731
+    return cublaslt.matmul(lhs, rhs, problem.bare(), algorithm=algorithm, bias=pick(form.bias),
+                           residual=pick(form.residual), activation=form.activation)
 
 
 def _best_of(priorities):
@@ -374,14 +409,22 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     triton = builder.group(
         "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP)
 
+    every_top_tier = [(group, lambda key: TOP) for group in (padded_group, skinny, split_k, accelerated, triton)]
     for algorithm in range(CUBLASLT_ALGORITHMS):
         builder.add(Candidate(f"cublaslt_algo{algorithm}",
                               functools.partial(_cublaslt_kernel, algorithm=algorithm),
                               params={"family": "cublaslt", "algorithm": algorithm,
                                       "workspace": cublaslt.WORKSPACE_BYTES},
                               supports=cublaslt_supports, cost=xla_cost, quick_compile=True),
-                    *[(group, lambda key: TOP)
-                      for group in (padded_group, skinny, split_k, accelerated, triton)])
+                    *every_top_tier)
+    for algorithm in range(CUBLASLT_ALGORITHMS):
+        builder.add(Candidate(f"cublaslt_epilogue_algo{algorithm}",
+                              functools.partial(_cublaslt_epilogue_kernel, algorithm=algorithm),
+                              params={"family": "cublaslt_epilogue", "algorithm": algorithm,
+                                      "workspace": cublaslt.WORKSPACE_BYTES},
+                              supports=cublaslt_epilogue_supports, cost=xla_cost, quick_compile=True,
+                              applies_epilogue=True),
+                    *every_top_tier)
 
     for config in MOSAIC_CONFIGS:
         builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
@@ -414,11 +457,18 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                        TOP if (narrow_side(key), narrow_block(key)) == slot else LOWER)
     for config, groups in gemm_members.items():
         pairs = [(group, _best_of(priorities)) for group, *priorities in groups.values()]
+        fuses = config.split_k == 1  # split-K partials are summed before any epilogue
         builder.add(Candidate(f"triton_gemm_{config.name}", _kernel(gemm, config),
                               params=_params(config, "triton_gemm"),
-                              supports=gemm_supports(config),
+                              supports=unless_applied(gemm_supports(config)) if fuses else gemm_supports(config),
                               cost=functools.partial(gemm_cost, config, sms=sms)),
                     *pairs)
+        if fuses:
+            builder.add(Candidate(f"triton_gemm_{config.name}_epilogue", _kernel(gemm, config),
+                                  params={**_params(config, "triton_gemm"), "epilogue": True},
+                                  supports=applying_epilogue(gemm_supports(config)),
+                                  cost=functools.partial(gemm_cost, config, sms=sms), applies_epilogue=True),
+                        *pairs)
 
     # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
     packed_members: dict[tuple[GemmConfig, bool], list] = {}
@@ -432,12 +482,16 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
             (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
     for (config, k_major), pairs in packed_members.items():
         layout = "kmajor" if k_major else "asis"
-        builder.add(Candidate(f"triton_packed_{layout}_{config.name}",
-                              _kernel(functools.partial(packed_gemm, k_major=k_major), config,
-                                      f"packed_gemm_{layout}"),
-                              params={**_params(config, "triton_packed"), "k_major": k_major},
-                              supports=gemm_supports(config),
-                              cost=functools.partial(packed_cost, config, k_major, sms=sms)),
+        kernel = _kernel(functools.partial(packed_gemm, k_major=k_major), config, f"packed_gemm_{layout}")
+        params = {**_params(config, "triton_packed"), "k_major": k_major}
+        cost = functools.partial(packed_cost, config, k_major, sms=sms)
+        builder.add(Candidate(f"triton_packed_{layout}_{config.name}", kernel, params=params,
+                              supports=unless_applied(gemm_supports(config)), cost=cost),
+                    *pairs)
+        builder.add(Candidate(f"triton_packed_{layout}_{config.name}_epilogue", kernel,
+                              params={**params, "epilogue": True},
+                              supports=applying_epilogue(gemm_supports(config)), cost=cost,
+                              applies_epilogue=True),
                     *pairs)
 
     builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",

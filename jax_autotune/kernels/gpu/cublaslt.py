@@ -35,6 +35,8 @@ from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
 
 TARGET = "jax_autotune_cublaslt"
+EPILOGUE_TARGET = "jax_autotune_cublaslt_epilogue"
+ACTIVATIONS = ("none", "relu", "gelu")  # cuBLASLt's GELU is its tanh form (checked on an H200)
 # cuBLAS's guidance for Hopper is a 32 MiB workspace; XLA reuses the buffer between calls
 WORKSPACE_BYTES = 32 * 2 ** 20
 IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
@@ -116,10 +118,15 @@ def supported_dtypes(lhs_dtype: str, rhs_dtype: str, out_dtype: str) -> bool:
             and out_dtype in ({lhs_dtype, "float32"} if lhs_dtype != "float32" else {"float32"}))
 
 
-def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0):
-    """``problem``'s product by cuBLASLt's ``algorithm``-th heuristic algorithm.
+def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0, bias=None, residual=None,
+           activation: str = "none"):
+    """``problem``'s product by cuBLASLt's ``algorithm``-th heuristic algorithm; with
+    ``bias`` (n,), ``residual`` (batch, m, n) (both in the output's dtype) or an
+    ``activation``, cuBLASLt's epilogue computes ``activation(product + residual + bias)``
+    in the same kernel (a residual takes no activation).
 
     >>> out = cublaslt.matmul(lhs, rhs, problem, algorithm=1)   # (batch, m, n)
+    >>> out = cublaslt.matmul(lhs, rhs, problem, bias=b, activation="gelu")
     """
     if not supported_dtypes(problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype):
         raise ValueError(f"cublaslt.matmul: lhs and rhs must be one of {sorted(IN_DTYPES)} and "
@@ -132,15 +139,25 @@ def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0):
         raise ValueError(f"algorithm: expected an int >= 0, got {algorithm!r}")
     if not available():
         raise RuntimeError(f"cublaslt.matmul: {error()}")
+    if activation not in ACTIVATIONS or (residual is not None and activation != "none"):
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, and none with a residual; "
+                         f"got {activation!r}")
     out = jax.ShapeDtypeStruct(problem.out_shape, np.dtype(problem.out_dtype))
     workspace = jax.ShapeDtypeStruct((WORKSPACE_BYTES,), np.uint8)
-    call = jax.ffi.ffi_call(TARGET, (out, workspace), vmap_method="sequential")
     tf32 = problem.lhs_dtype == "float32" and problem.precision == Precision.DEFAULT
-    result, _ = call(lhs, rhs, transpose_a=np.int64(problem.transpose_a),
-                     transpose_b=np.int64(problem.transpose_b), tf32=np.int64(tf32),
-                     algorithm=np.int64(algorithm))
+    attributes = dict(transpose_a=np.int64(problem.transpose_a), transpose_b=np.int64(problem.transpose_b),
+                      tf32=np.int64(tf32), algorithm=np.int64(algorithm))
+    if bias is None and residual is None and activation == "none":
+        result, _ = jax.ffi.ffi_call(TARGET, (out, workspace), vmap_method="sequential")(
+            lhs, rhs, **attributes)
+        return result
+    unused = jax.numpy.zeros((1,), out.dtype)
+    result, _ = jax.ffi.ffi_call(EPILOGUE_TARGET, (out, workspace), vmap_method="sequential")(
+        lhs, rhs, unused if bias is None else bias, unused if residual is None else residual,
+        activation=np.int64(ACTIVATIONS.index(activation)), has_bias=np.int64(bias is not None),
+        has_residual=np.int64(residual is not None), **attributes)
     return result
 
 
-__all__ = ["TARGET", "WORKSPACE_BYTES", "available", "error", "library", "library_paths",
-           "matmul", "supported_dtypes"]
+__all__ = ["TARGET", "EPILOGUE_TARGET", "ACTIVATIONS", "WORKSPACE_BYTES", "available", "error",
+           "library", "library_paths", "matmul", "supported_dtypes"]

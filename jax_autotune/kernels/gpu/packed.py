@@ -54,14 +54,16 @@ def packed_operands(lhs, rhs, problem: MatmulProblem, block_k: int, k_major: boo
     return lhs, rhs, a_t, b_major
 
 
-def packed_gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *, k_major: bool,
+def packed_gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *operands, k_major: bool,
                 interpret: bool = False):
-    """The tiled GEMM on repacked operands; (batch, m, n) in out_dtype, exact in k padding."""
+    """The tiled GEMM on repacked operands; (batch, m, n) in out_dtype, exact in k padding;
+    with the epilogue's ``operands``, ``problem.epilogue`` applied in the kernel."""
     a, b, a_t, b_major = packed_operands(lhs, rhs, problem, config.block_k, k_major)
     return gemm_call(a, b, config, out_shape=problem.out_shape,
                      out_dtype=jnp.dtype(problem.out_dtype), a_transposed=a_t,
                      b_rhs_major=b_major, precision=dot_precision(problem),
-                     interpret=interpret, name="packed_gemm")
+                     interpret=interpret, name="packed_gemm",
+                     epilogue=None if problem.epilogue.is_bare else problem.epilogue, operands=operands)
 
 
 def packing_bytes(problem: MatmulProblem, block_k: int, k_major: bool) -> int:

@@ -227,13 +227,17 @@ def split_k_extent(k: int, config: GemmConfig) -> int:
     return pl.cdiv(pl.cdiv(k, config.split_k), config.block_k) * config.block_k
 
 
-def _gemm_kernel(lhs_ref, rhs_ref, out_ref, *, k: int, a_transposed: bool, b_rhs_major: bool,
-                 precision, config: GemmConfig):
+def _gemm_kernel(lhs_ref, rhs_ref, *refs, k: int, a_transposed: bool, b_rhs_major: bool,
+                 precision, config: GemmConfig, epilogue=None, product_dtype=None):
     """One (bm, bn) output tile (of one split): whole k blocks unmasked, then a masked tail.
 
     The tile grid follows ``out_ref`` (m, n); operands may be larger (zero-padded copies),
-    the masks follow their own extents and the store follows the output's.
+    the masks follow their own extents and the store follows the output's. With an
+    ``epilogue`` (elementwise; its operands' refs come before ``out_ref``) the tile is
+    rounded to the product's dtype, as XLA's dot rounds it, and goes through the epilogue
+    in f32 before the store.
     """
+    *operand_refs, out_ref = refs
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     m, n = out_ref.shape
     tiles_m, tiles_n = pl.cdiv(m, bm), pl.cdiv(n, bn)
@@ -264,16 +268,36 @@ def _gemm_kernel(lhs_ref, rhs_ref, out_ref, *, k: int, a_transposed: bool, b_rhs
             pl.multiple_of(i * bk, bk), acc, False), acc)
         if whole < k:
             acc = block(tail0, acc, k)
+    if epilogue is not None:
+        acc = _epilogue_tile(acc, epilogue, operand_refs, m0, n0, bm, bn, product_dtype)
     store_tile(out_ref, m0, n0, acc)
 
 
+def _epilogue_tile(acc, epilogue, operand_refs, m0, n0, bm: int, bn: int, product_dtype):
+    """The epilogue on one output tile, its operands' tiles loaded beside it."""
+    tiles = []
+    for ref, operand in zip(operand_refs, epilogue.operands):
+        if operand.role == "row":
+            tile = load_vector(ref, n0, bn)
+        elif operand.role == "col":
+            tile = load_vector(ref, m0, bm)
+        else:  # full; scalars are not taken (``kernels.gpu.epilogues``)
+            tile = load_tile(ref, m0, n0, bm, bn)
+        tiles.append(tile.astype(jnp.float32) if jnp.issubdtype(tile.dtype, jnp.floating) else tile)
+    y = acc.astype(product_dtype).astype(jnp.float32)
+    return epilogue.apply(y, tiles, compute_dtype="float32")
+
+
 def gemm_call(lhs, rhs, config: GemmConfig, *, out_shape, out_dtype, a_transposed: bool,
-              b_rhs_major: bool, precision, interpret: bool = False, name: str = "gemm"):
+              b_rhs_major: bool, precision, interpret: bool = False, name: str = "gemm",
+              epilogue=None, operands=()):
     """The tiled GEMM on 3-D operands in any stored orientation; (batch, m, n) out_dtype.
 
     ``lhs`` is (batch, m', K) or (batch, K, m') when ``a_transposed``; ``rhs`` is
     (batch, K, n') or (batch, n', K) when ``b_rhs_major``; m' >= m and n' >= n (padded
-    operands are fine: the output's own m and n set the grid and the store mask).
+    operands are fine: the output's own m and n set the grid and the store mask). An
+    elementwise ``epilogue`` with its ``operands`` (role shapes) is applied to each tile
+    before its store; the result is then in the epilogue's result dtype.
     """
     batch, m, n = out_shape
     k = lhs.shape[1] if a_transposed else lhs.shape[2]
@@ -281,8 +305,16 @@ def gemm_call(lhs, rhs, config: GemmConfig, *, out_shape, out_dtype, a_transpose
         raise ValueError(f"gemm_call: contraction lengths differ: {lhs.shape} x {rhs.shape}")
     tiles = pl.cdiv(m, config.block_m) * pl.cdiv(n, config.block_n)
     split = config.split_k
+    fused = epilogue is not None and not epilogue.is_bare
+    if fused and (split > 1 or not epilogue.elementwise):
+        raise ValueError(f"gemm_call: an epilogue is applied in the kernel only when it is "
+                         f"elementwise and k is not split, got {epilogue} with split_k {split}")
     kernel = functools.partial(_gemm_kernel, k=k, a_transposed=a_transposed,
-                               b_rhs_major=b_rhs_major, precision=precision, config=config)
+                               b_rhs_major=b_rhs_major, precision=precision, config=config,
+                               epilogue=epilogue if fused else None, product_dtype=jnp.dtype(out_dtype))
+    operand_specs = [_operand_spec(o.role, x.shape) for o, x in zip(epilogue.operands, operands)] if fused else []
+    if fused:
+        out_dtype = epilogue.result(batch, m, n, jnp.dtype(out_dtype).name)[1]
     if split > 1:
         grid = (tiles, batch, split)
         call_shape = jax.ShapeDtypeStruct((split, batch, m, n), jnp.float32)
@@ -295,27 +327,39 @@ def gemm_call(lhs, rhs, config: GemmConfig, *, out_shape, out_dtype, a_transpose
         kernel,
         out_shape=call_shape,
         grid=grid,
-        in_specs=[_batch_spec(lhs.shape), _batch_spec(rhs.shape)],
+        in_specs=[_batch_spec(lhs.shape), _batch_spec(rhs.shape), *operand_specs],
         out_specs=out_spec,
         compiler_params=compiler_params(config.num_warps, config.num_stages),
         interpret=interpret,
-        name=f"{name}_{config.name}",
-    )(lhs, rhs)
+        name=f"{name}_{config.name}" + ("_epilogue" if fused else ""),
+    )(lhs, rhs, *(operands if fused else ()))
     if split > 1:
         out = out.sum(axis=0)
     return out.astype(out_dtype)
 
 
-def gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *, interpret: bool = False):
-    """Tiled GEMM (split-K when ``config.split_k > 1``); returns (batch, m, n) out_dtype.
+def _operand_spec(role: str, shape):
+    """An epilogue operand's block: all of a row, a batch entry's column or tile rows."""
+    if role == "row":
+        return pl.BlockSpec(tuple(shape), lambda *idx: (0,))
+    if role in ("col", "full"):
+        return _batch_spec(shape)
+    raise ValueError(f"gemm_call: a {role} operand is not applied in the kernel")
+
+
+def gemm(lhs, rhs, problem: MatmulProblem, config: GemmConfig, *operands, interpret: bool = False):
+    """Tiled GEMM (split-K when ``config.split_k > 1``); returns (batch, m, n) out_dtype,
+    or, with the epilogue's ``operands``, ``problem.epilogue`` applied in the kernel.
 
     >>> gemm(lhs, rhs, problem, GemmConfig(64, 64, 32), interpret=True)
+    >>> gemm(lhs, rhs, problem_with_bias_gelu, config, bias, interpret=True)
     """
     _check_operands(lhs, rhs, problem)
     return gemm_call(lhs, rhs, config, out_shape=problem.out_shape,
                      out_dtype=jnp.dtype(problem.out_dtype), a_transposed=problem.transpose_a,
                      b_rhs_major=problem.transpose_b, precision=dot_precision(problem),
-                     interpret=interpret)
+                     interpret=interpret, epilogue=problem.epilogue if operands or
+                     not problem.epilogue.is_bare else None, operands=operands)
 
 
 # ---------------------------------------------------------------- vector x matrix
