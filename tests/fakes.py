@@ -6,6 +6,7 @@ import numpy as np
 
 from jax_autotune.tuning.candidates import Candidate, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.timing import checked_problem
 
 REFERENCE = np.arange(1.0, 7.0).reshape(1, 2, 3)
 WRONG = REFERENCE + 1.0
@@ -35,12 +36,14 @@ class FakeMeasurement:
         if error is not None:
             raise error
         if self.timer.real_outputs:
-            out = np.asarray(self.candidate.fn(*self.args, self.problem))
+            checked = checked_problem(self.problem)  # what the gate compares, as the real timers
+            out = np.asarray(self.candidate.bound(checked)(*self.args[:len(checked.input_specs())]))
             return out + 1.0 if self.name in self.timer.wrong else out
         return WRONG if self.name in self.timer.wrong else REFERENCE
 
     def sample(self) -> float:
-        script = self.timer.scripts[self.name]
+        scripts = self.timer.scripts
+        script = scripts(self.name, self.problem) if callable(scripts) else scripts[self.name]
         value = script[min(self.samples_taken, len(script) - 1)]
         self.samples_taken += 1
         self.timer.sampled.append(self.name)
@@ -53,7 +56,8 @@ class FakeMeasurement:
 
 
 class FakeTimer:
-    """Scripted samples per candidate name: ``FakeTimer({"a": [2, 1, 1, 1]})``.
+    """Scripted samples per candidate name: ``FakeTimer({"a": [2, 1, 1, 1]})``, or
+    ``FakeTimer(lambda name, problem: [...])`` for samples that depend on the problem.
 
     The last value repeats; an exception in the script is raised by ``sample``.
     """

@@ -12,6 +12,7 @@ import pytest
 from jax_autotune import cli
 from jax_autotune import tuners as tuner_module
 from jax_autotune.cli.table import format_seconds
+from jax_autotune.epilogue import Epilogue
 from jax_autotune.tables.install import table
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
 from jax_autotune.tuning.store import TuneStore, open_store
@@ -44,6 +45,16 @@ def test_show_prints_one_line_per_decision_with_the_winner_and_the_speedup(tuner
     assert len(rows) == 1
     for expected in ("fast", "1.00s", "3.00s", "3.00x", "ok=3"):
         assert expected in rows[0]
+
+
+def test_show_and_explain_print_a_context_keys_epilogue(tuner, capsys):
+    in_context = dataclasses.replace(PROBLEM_A, epilogue=Epilogue.parse("row:float32|add(y,$0);tanh(%0)"))
+    tuner.select(in_context)
+    _, out, _ = run(capsys, "show")
+    assert "16x8x16 float32 NN DEFAULT | add(y,row) > tanh" in out
+    code, out, _ = run(capsys, "explain", key_id(in_context.key()))
+    assert code == 0 and "epilogue=row:float32|add(y,$0);tanh(%0)" in out
+    assert "epilogue   add(y,row) > tanh" in out
 
 
 def test_show_filters_by_key_and_device(tuner, capsys):

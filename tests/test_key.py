@@ -1,5 +1,6 @@
 """The tune key's rules, against the reference's own table."""
 
+import dataclasses
 import json
 
 import jax
@@ -8,6 +9,7 @@ import pytest
 from jax_autotune.cli import main as cli_main
 from jax_autotune.cli.keys import key_table, parse_shape
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale, anchor, layout_from_strides, stride_factor
+from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.api import key_for
 
@@ -147,6 +149,31 @@ def test_key_json_round_trip_canonical_string_and_hash():
         MatmulKey.from_json({**key.to_json(), "kind": "Sideways"})
     with pytest.raises(ValueError, match="missing field 'm'"):
         MatmulKey.from_json({k: v for k, v in key.to_json().items() if k != "m"})
+
+
+# a bare key's canonical string as stored before keys had an epilogue
+STORED_BEFORE_EPILOGUES = ("m=1024 n=1024 k=1024 batch=1 lhs_pow2_factor=4 rhs_pow2_factor=4 lhs_stride_factor=10 "
+                           "rhs_stride_factor=10 lhs_layout=Contiguous rhs_layout=Contiguous lhs_dtype=float32 "
+                           "rhs_dtype=float32 out_dtype=float32 precision=DEFAULT scale=Medium kind=General")
+
+
+def test_a_key_without_an_epilogue_reads_and_writes_as_before():
+    key = square(1024)
+    assert key.canonical() == STORED_BEFORE_EPILOGUES and "epilogue" not in key.to_json()
+    assert MatmulKey.parse(STORED_BEFORE_EPILOGUES) == key and key.epilogue.is_bare
+
+
+def test_a_key_with_an_epilogue_is_another_key_that_round_trips():
+    epilogue = Epilogue.parse("row:float32,full:float32|add(y,$0);add(%0,$1)")
+    bare = square(1024)
+    key = dataclasses.replace(square(1024), epilogue=epilogue)
+    assert key != bare and hash(key) != hash(bare)
+    assert key.canonical() == STORED_BEFORE_EPILOGUES + " epilogue=" + str(epilogue)
+    assert MatmulKey.parse(key.canonical()) == key
+    assert MatmulKey.from_json(json.loads(json.dumps(key.to_json()))) == key
+    assert key.describe() == "1024x1024x1024 float32 NN DEFAULT | add(y,row) > add(full)"
+    with pytest.raises(ValueError, match="'epilogue'"):
+        MatmulKey.from_json({**key.to_json(), "epilogue": "row:float32|explode(y)"})
 
 
 def test_key_for_reads_dtypes_precision_and_batch():

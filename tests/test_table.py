@@ -15,6 +15,7 @@ from jax_autotune.tuning import counters
 from jax_autotune import tuners as tuner_module
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.decision import Decision
+from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
@@ -83,6 +84,17 @@ def load_quietly(path, tuners):
 
 
 # ---------------------------------------------------------------- what a table holds
+
+def test_a_context_keys_entry_saves_and_loads_beside_bare_ones(store, tmp_path):
+    tuner = tuned_tuner(store)
+    in_context = dataclasses.replace(PROBLEM_A, epilogue=Epilogue.parse("row:float32|add(y,$0)"))
+    decision = tuner.select(in_context)
+    path = table(tuners=[tuner]).save(tmp_path / "t.json")
+    loaded = read_table(path, tuners=[fresh_tuner(tmp_path)])
+    keys = {d.key for d in loaded.devices[CPU.fingerprint].entries}
+    assert decision.key in keys and PROBLEM_A.key() in keys and len(keys) == 3
+    assert "epilogue" not in json.loads(path.read_text())["devices"][CPU.fingerprint]["entries"][0]["key"]
+
 
 def test_a_table_holds_every_decision_with_every_candidate_result(store):
     tuner = tuned_tuner(store)

@@ -18,6 +18,8 @@ from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.rules import TuningRules
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore
 from jax_autotune.tuning.tuner import KeyNotTunedError, Tuner
+from jax_autotune.epilogue import Epilogue
+from jax_autotune.kernels.xla import xla_dot
 
 PROBLEM = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
 
@@ -370,3 +372,67 @@ def test_a_decision_log_that_cannot_be_written_warns_once_and_never_raises(store
         tuner.select(MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32"))
     assert len([w for w in record if issubclass(w.category, DecisionLogWarning)]) == 1
     assert not (tmp_path / "missing-folder").exists()
+
+
+# ---------------------------------------------------------------- a key in its context
+
+BIAS_RESIDUAL = Epilogue.parse("row:float32,full:float32|add(y,$0);add(%0,$1)")
+IN_CONTEXT = dataclasses.replace(PROBLEM, epilogue=BIAS_RESIDUAL)
+
+
+def custom_call_loses_its_fusion(name, problem):
+    """XLA's dot fuses the epilogue for free; the custom call's runs as a kernel of its own."""
+    bare = {"xla_dot": 3.0, "fast": 2.0, "slow": 4.0}[name]
+    return [bare + (0.0 if name == "xla_dot" or problem.epilogue.is_bare else 2.0)]
+
+
+def test_a_custom_call_that_wins_bare_loses_in_context_to_xlas_fused_dot(store):
+    tuner = make_tuner(store, timer=FakeTimer(custom_call_loses_its_fusion, real_outputs=True))
+    assert tuner.select(PROBLEM).winner == "fast"
+    in_context = tuner.select(IN_CONTEXT)
+    assert in_context.winner == "xla_dot" and in_context.key.epilogue == BIAS_RESIDUAL
+    assert in_context.result("fast").score == 4.0 and in_context.result("xla_dot").score == 3.0
+
+
+def test_candidates_are_prepared_with_the_epilogues_operands_as_the_program_runs(store):
+    timer = FakeTimer(custom_call_loses_its_fusion, real_outputs=True)
+    seen = []
+    prepare = timer.prepare
+    timer.prepare = lambda c, p, args: seen.append((p, [tuple(a.shape) for a in args])) or prepare(c, p, args)
+    make_tuner(store, timer=timer).select(IN_CONTEXT)
+    assert seen and all(p == IN_CONTEXT for p, _ in seen)
+    assert all(shapes == [(1, 16, 12), (1, 12, 8), (8,), (1, 16, 8)] for _, shapes in seen)
+
+
+def _skips_the_epilogue(lhs, rhs, problem, *operands):
+    return xla_dot(lhs, rhs, problem.bare())
+
+
+def _reverses_the_columns(lhs, rhs, problem):
+    return xla_dot(lhs, rhs, problem)[..., ::-1]
+
+
+def test_a_fused_candidate_is_checked_on_the_whole_context(store):
+    fused = Candidate("fused", _skips_the_epilogue, applies_epilogue=True)
+    tuner = make_tuner(store, cset=two_candidates([(fused, [("g", 1)])]),
+                       timer=FakeTimer({"xla_dot": [3.0], "fast": [2.0], "slow": [4.0], "fused": [0.5]},
+                                       real_outputs=True))
+    decision = tuner.select(IN_CONTEXT)
+    assert decision.result("fused").outcome == "wrong_result" and decision.winner == "fast"
+
+
+def test_a_reducing_context_checks_the_product_a_sum_would_hide(store):
+    reversed_columns = Candidate("reversed", _reverses_the_columns)
+    problem = dataclasses.replace(PROBLEM, epilogue=Epilogue.parse("|reduce_sum{axes=n}(y)"))
+    tuner = make_tuner(store, cset=two_candidates([(reversed_columns, [("g", 1)])]),
+                       timer=FakeTimer({"xla_dot": [3.0], "fast": [2.0], "slow": [4.0], "reversed": [0.5]},
+                                       real_outputs=True))
+    decision = tuner.select(problem)
+    assert decision.result("reversed").outcome == "wrong_result" and decision.winner == "fast"
+
+
+def test_a_context_keys_decision_is_stored_and_read_back_under_its_own_key(store):
+    make_tuner(store, timer=FakeTimer(custom_call_loses_its_fusion, real_outputs=True)).select(IN_CONTEXT)
+    again = make_tuner(store).select(IN_CONTEXT)
+    assert again.source == "store" and again.winner == "xla_dot"
+    assert make_tuner(store).lookup(PROBLEM.key()) is None  # the bare key is another one

@@ -87,6 +87,7 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
         f"k={decision.problem.k} {decision.problem.lhs_dtype} x {decision.problem.rhs_dtype} -> "
         f"{decision.problem.out_dtype} transpose_a={decision.problem.transpose_a} "
         f"transpose_b={decision.problem.transpose_b}",
+        *([f"epilogue   {decision.key.epilogue.describe()}"] if not decision.key.epilogue.is_bare else []),
         f"winner     {decision.winner} ({format_seconds(decision.winner_seconds)})",
         f"source     {decision.source}, tuned {when:%Y-%m-%d %H:%M:%S} UTC in "
         f"{decision.tuning_seconds:.3f}s, candidate set {decision.checksum}",
