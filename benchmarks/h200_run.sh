@@ -3,8 +3,11 @@
 #   tests    the cuBLASLt declarations against its headers; the whole suite on the CPU
 #            platform, beside it the GPU tests; the cold/warm experiment
 #   retest   the GPU kernel and export tests, and the CPU-platform tests named in RETEST_CPU
+#   gpu      the cuBLASLt declarations against its headers and the GPU tests alone
 #   bench    the GPU suite with its peers
-#   model    the model step (plain, per layer, autotune)
+#   context  the context suite's plain and tuned side (context_suite.py --phase jax)
+#   inductor the context suite's Inductor side, one child per case and variant
+#   model    the model steps (GPT-2-small and the Llama-style decoder; plain, per layer, autotune)
 #     bash benchmarks/h200_run.sh OUTDIR tests
 # The package is built and installed once per run. Wheels put in .whl/ (packages the machine
 # lacks, e.g. platformdirs) are installed first, offline.
@@ -41,6 +44,22 @@ for part in ${parts//,/ }; do
       timeout 80 jax-autotune shapes 1024 768 1000 2048 --json "$out/shapes.json" > "$out/shapes.txt" 2>&1
       echo "exit $?" >> "$out/shapes.txt"
       ;;
+    gpu)
+      python3 "$repo/benchmarks/check_cublaslt_abi.py" > "$out/cublaslt_abi.json" 2>&1
+      JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout "${GPU_TESTS_TIMEOUT:-300}" "${pytest[@]}" \
+        --durations=12 -m gpu "$repo/tests" > "$out/tests_gpu.log" 2>&1
+      echo "exit $?" >> "$out/tests_gpu.log"
+      ;;
+    context)
+      ( cd "$repo/benchmarks" && timeout "${CONTEXT_TIMEOUT:-330}" python3 context_suite.py --out "$out" \
+          --phase jax > "$out/context_jax.log" 2>&1
+        echo "exit $?" >> "$out/context_jax.log" )
+      ;;
+    inductor)
+      ( cd "$repo/benchmarks" && timeout "${INDUCTOR_TIMEOUT:-540}" python3 context_suite.py --out "$out" \
+          --phase inductor --inductor-case-budget-s "${INDUCTOR_CASE_S:-60}" > "$out/context_inductor.log" 2>&1
+        echo "exit $?" >> "$out/context_inductor.log" )
+      ;;
     retest)
       ( JAX_PLATFORMS=cpu JAX_AUTOTUNE_CACHE_DIR=/tmp/cpu_retest_cache timeout 200 "${pytest[@]}" -n 4 \
           $(for f in ${RETEST_CPU:-}; do echo "$repo/tests/$f"; done) > "$out/retest_cpu_platform.log" 2>&1
@@ -56,8 +75,8 @@ for part in ${parts//,/ }; do
         echo "exit $?" >> "$out/gpu_suite.log" )
       ;;
     model)
-      ( cd "$repo/benchmarks" && timeout 420 python3 model_step.py --out "$out" --timeout-s 135 \
-          > "$out/model_step.log" 2>&1
+      ( cd "$repo/benchmarks" && timeout "${MODEL_TIMEOUT:-560}" python3 model_step.py --out "$out" \
+          --models "${MODELS:-gpt2,llama}" --timeout-s "${VARIANT_TIMEOUT:-150}" > "$out/model_step.log" 2>&1
         echo "exit $?" >> "$out/model_step.log" )
       ;;
   esac
