@@ -205,6 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--models", default="gpt2,llama", help=f"comma-separated, of {sorted(MODELS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
@@ -215,7 +216,7 @@ def main() -> None:
         return
     rows = []
     for model in args.models.split(","):
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{model}_{variant}_"))
             child = ["--model", model, "--variant", variant, f"--steps={args.steps}"]
             try:

@@ -58,6 +58,7 @@ from jax.extend import linear_util as lu
 from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
+import jax_autotune.config as config
 from jax_autotune.api import dot_general, dot_general_in_context
 from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
@@ -98,7 +99,7 @@ def autotune(fn):
         arrays = [x for x, array in zip(leaves, is_array) if array]
         avals = tuple(jax.typeof(x) for x in arrays)
         static = tuple((type(x), x) for x, array in zip(leaves, is_array) if not array)
-        key = (in_tree, is_array, static, avals)
+        key = (in_tree, is_array, static, avals, config.get("context"))
         try:
             entry = cache.get(key)
         except TypeError:  # an unhashable static leaf: traced on every call
@@ -109,7 +110,7 @@ def autotune(fn):
             if key is not None and not closes_over_tracer:
                 cache[key] = entry
         closed, out_tree, flat_fn, backwards = entry
-        linearized = reverse_mode(arrays)
+        linearized = reverse_mode(arrays) if config.get("context") == "full" else None
         if linearized is not None:
             if linearized not in backwards:  # per signature and differentiated leaves
                 backwards[linearized] = with_tuned_backward(closed, flat_fn, avals, linearized, _rewrite)
@@ -163,8 +164,9 @@ def _eval(closed, *args):
             out = _bind(eqn, [read(v) for v in eqn.invars])
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
 
-    found = regions(closed.jaxpr, {i: dot_labels(e.params["dimension_numbers"], *(v.aval.ndim for v in e.invars))
-                                   for i, e in enumerate(eqns) if _has_context(e)})
+    found = {} if config.get("context") == "off" else regions(
+        closed.jaxpr, {i: dot_labels(e.params["dimension_numbers"], *(v.aval.ndim for v in e.invars))
+                       for i, e in enumerate(eqns) if _has_context(e)})
     deferred = {i for r in found.values() for i in (r.head, *r.members[:-1])}
     at_last = {r.last: r for r in found.values()}
     for index, eqn in enumerate(eqns):

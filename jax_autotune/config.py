@@ -20,6 +20,7 @@ directory.
 | log_decisions  | JAX_AUTOTUNE_LOG_DECISIONS     | unset (stdout, stderr or a path) |
 | budget_seconds | JAX_AUTOTUNE_BUDGET_SECONDS    | 10.0 (per-key tuning budget)     |
 | compilation_cache | JAX_AUTOTUNE_COMPILATION_CACHE | true (JAX's cache beside the store) |
+| context        | JAX_AUTOTUNE_CONTEXT           | full (autotune keys each dot with its epilogue, backward too; forward; off) |
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, Callable
 from jax_autotune.key import Level
 
 MODES = ("tune", "cached", "require", "off")
+CONTEXTS = ("full", "forward", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -132,6 +134,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("log_decisions", "JAX_AUTOTUNE_LOG_DECISIONS", _parse_log, lambda: None),
     Setting("budget_seconds", "JAX_AUTOTUNE_BUDGET_SECONDS", _parse_seconds, lambda: 10.0),
     Setting("compilation_cache", "JAX_AUTOTUNE_COMPILATION_CACHE", _parse_bool, lambda: True),
+    Setting("context", "JAX_AUTOTUNE_CONTEXT", _parse_choice(CONTEXTS), lambda: "full"),
 )}
 
 _lock = threading.Lock()
