@@ -229,9 +229,10 @@ def winner(row, variant: str) -> str:
     return ", ".join(sorted({d["winner"] for d in decided})) or "-"
 
 
-def report(rows, inductor, command, jax_version) -> str:
+def report(rows, inductor, command, jax_version, commit="") -> str:
     date = datetime.date.today().isoformat()
-    lines = [f"# Matmuls in context on an H200, {date}", "", f"jax {jax_version}; command: `{command}`", "",
+    lines = [f"# Matmuls in context on an H200, {date}", "",
+             f"jax {jax_version}; {f'commit {commit}; ' if commit else ''}command: `{command}`", "",
              "bf16. Device time in us of all the kernels of the jitted function (CUPTI; Inductor: "
              "torch.profiler). bare: the matmul alone; context: with the ops after it. plain = "
              "`lax.dot_general` (XLA), tuned = `jat.dot_general` bare and `jat.autotune` in context.", "",
@@ -264,6 +265,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=["all", "inductor", "jax", "report"], default="all",
                         help="inductor / jax: measure one side into --out; report: join them")
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="of the runs to join")
+    parser.add_argument("--commit", default="", help="the commit the runs measured, for the report")
     parser.add_argument("--inductor-case-budget-s", type=float, default=120.0)
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--inductor-child", nargs=2, help=argparse.SUPPRESS)
@@ -285,7 +287,7 @@ def main() -> None:
     if args.phase in ("all", "report"):
         jax_side, inductor_side = _load(f"{stem}_jax.json"), _load(f"{stem}_inductor.json")
         commands = "`, `".join(dict.fromkeys(s["command"] for s in (jax_side, inductor_side) if s.get("command")))
-        text = report(jax_side["rows"], inductor_side.get("inductor", {}), commands, jax_side["jax"])
+        text = report(jax_side["rows"], inductor_side.get("inductor", {}), commands, jax_side["jax"], args.commit)
         print(text)
         write_results(args.out, os.path.basename(stem), text, {**jax_side, **inductor_side})
 
