@@ -2,8 +2,9 @@
 // algorithms cuBLASLt's heuristic offers for the problem (the last one when it offers
 // fewer), on XLA's stream. Operands are the canonical ones (matmul_shapes.h) in bf16, f16
 // or f32; out is the operands' dtype or f32 (f32 operands: f32 only). Attributes (int64):
-// transpose_a, transpose_b, tf32 (f32 operands: 1 = TF32 tensor cores, 0 = full f32),
-// algorithm. A second result, a uint8 buffer, is the workspace.
+// transpose_a, transpose_b (0 or 1), tf32 (f32 operands: 1 = TF32 tensor cores, 0 = full
+// f32; other operands: 0), algorithm (0 to kMaxAlgorithms - 1), each checked before
+// anything runs. A second result, a uint8 buffer, is the workspace.
 //
 // Row-major C = A B is column-major C^T = B^T A^T, so cuBLASLt's "A" is our rhs and its
 // "B" our lhs; a transposed operand is read in place (op T).
@@ -29,7 +30,7 @@ namespace {
 
 using namespace lt;  // NOLINT: the cuBLASLt declarations
 
-constexpr int kMaxAlgorithms = 8;  // asked of the heuristic per problem
+constexpr int kMaxAlgorithms = kCublasLtMaxAlgorithms;  // asked of the heuristic per problem
 
 
 struct Api {
@@ -161,16 +162,34 @@ Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* 
   return raw;
 }
 
+ffi::Error check_attributes(bool f32_in, int64_t transpose_a, int64_t transpose_b, int64_t tf32,
+                            int64_t algorithm) {
+  const char* target = "jax_autotune_cublaslt";
+  if (auto e = check_attribute(target, "transpose_a", transpose_a, 0, 1, "0 or 1"); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "transpose_b", transpose_b, 0, 1, "0 or 1"); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "tf32", tf32, 0, f32_in ? 1 : 0,
+                               f32_in ? "0 or 1" : "0 (TF32 is for float32 operands)");
+      e.failure())
+    return e;
+  return check_attribute(target, "algorithm", algorithm, 0, kMaxAlgorithms - 1,
+                         ("0 to " + std::to_string(kMaxAlgorithms - 1)).c_str());
+}
+
 ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                          int64_t transpose_a, int64_t transpose_b, int64_t tf32,
                          int64_t algorithm) {
   const char* target = "jax_autotune_cublaslt";
+  const bool f32_in = lhs.element_type() == ffi::DataType::F32;
+  if (auto e = check_attributes(f32_in, transpose_a, transpose_b, tf32, algorithm); e.failure())
+    return e;
   Shapes s;
-  if (auto e = check_shapes(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_shapes(target, lhs, rhs, *out, transpose_a != 0, transpose_b != 0, &s);
+      e.failure())
     return e;
   const ffi::DataType in = lhs.element_type(), result = out->element_type();
-  const bool f32_in = in == ffi::DataType::F32;
   if (cuda_type(in) < 0 || rhs.element_type() != in ||
       (result != in && result != ffi::DataType::F32))
     return ffi::Error::InvalidArgument(
@@ -210,7 +229,7 @@ ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::
       if (plan == nullptr) return ffi::Error(ffi::ErrorCode::kInternal, error);
     }
   }
-  const size_t pick = std::min<size_t>(std::max<int64_t>(algorithm, 0), plan->algorithms.size() - 1);
+  const size_t pick = std::min<size_t>(algorithm, plan->algorithms.size() - 1);
   const float alpha = 1.0f, beta = 0.0f;
   const Status st = lib.api.matmul(handle, plan->desc, &alpha, rhs.untyped_data(), plan->a,
                                    lhs.untyped_data(), plan->b, &beta, out->untyped_data(),
@@ -222,6 +241,11 @@ ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::
 }
 
 }  // namespace
+
+std::string cublaslt_attribute_error(bool f32_operands, int64_t transpose_a, int64_t transpose_b,
+                                     int64_t tf32, int64_t algorithm) {
+  return check_attributes(f32_operands, transpose_a, transpose_b, tf32, algorithm).message();
+}
 
 std::string load_cublaslt(const std::string& path) {
   Library& lib = library();

@@ -132,6 +132,10 @@ def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0):
         raise ValueError(f"algorithm: expected an int >= 0, got {algorithm!r}")
     if not available():
         raise RuntimeError(f"cublaslt.matmul: {error()}")
+    import jax_autotune._native as _native  # loaded by available()
+    if algorithm >= _native.cublaslt_max_algorithms:  # the handler refuses it too
+        raise ValueError(f"algorithm: expected an int below {_native.cublaslt_max_algorithms}, "
+                         f"got {algorithm!r}")
     out = jax.ShapeDtypeStruct(problem.out_shape, np.dtype(problem.out_dtype))
     workspace = jax.ShapeDtypeStruct((WORKSPACE_BYTES,), np.uint8)
     call = jax.ffi.ffi_call(TARGET, (out, workspace), vmap_method="sequential")
