@@ -19,6 +19,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tables import table_file
 from jax_autotune.tables.install import load_table, read_table, table
 from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
                                             TuneTableWarning)
@@ -394,6 +395,71 @@ def test_counts_over_their_caps_are_refused_naming_the_cap(monkeypatch, limit, p
     monkeypatch.setitem(LIMITS, limit, len(target) - 1)
     with pytest.raises(TuneTableError, match=f"over the cap of {len(target) - 1:,} {limit}"):
         TuneTable.from_json(data)
+
+
+class Unread:
+    """A file whose text may not be read (only its descriptor, to stat it)."""
+
+    def __init__(self, f):
+        self.file = f
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def read(self, *_):
+        raise AssertionError("the text was read")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def test_a_file_over_the_text_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(LIMITS["bytes of text"] + 1)  # sparse: costs no disk
+    opened = table_file.open_regular
+    monkeypatch.setattr(table_file, "open_regular", lambda p: Unread(opened(p)))
+    with pytest.raises(TuneTableError, match=f"over the cap of {LIMITS['bytes of text']:,} bytes"):
+        TuneTable.load(path)
+
+
+@pytest.mark.parametrize("text", ['{"schema": [' + "0.0," * 999 + "0.0]}",
+                                  '{"schema": [' + "[]," * 999 + "[]]}",
+                                  '{"schema": {' + ", ".join(f'"k{i}": {{}}' for i in range(999)) + "}}"])
+def test_too_many_values_are_refused_before_parsing(tmp_path, monkeypatch, text):
+    path = tmp_path / "values.json"
+    path.write_text(text)
+    monkeypatch.setitem(LIMITS, "JSON values", 900)
+    monkeypatch.setattr(json, "loads", None)  # parsing would fail
+    for load in (lambda: TuneTable.load(path), lambda: TuneTable.loads(text),
+                 lambda: TuneTable.loads(text.encode())):
+        with pytest.raises(TuneTableError, match="over the cap of 900 JSON values"):
+            load()
+
+
+def test_a_real_table_as_large_as_the_text_cap_stays_under_the_value_cap():
+    text = TuneTable.from_json(exported_json()).dumps()
+    values = sum(text.count(mark) for mark in ",[{")
+    assert values * LIMITS["bytes of text"] / len(text) < LIMITS["JSON values"]
+
+
+def test_the_error_for_a_huge_value_quotes_only_its_start():
+    data = exported_json()
+    for where in ("schema", "candidates", "samples"):
+        bad = copy.deepcopy(data)
+        huge = [list(range(10))] * 100_000
+        if where == "schema":
+            bad["schema"] = huge
+        elif where == "candidates":
+            bad["devices"][CPU.fingerprint]["candidates"] = [huge]
+        else:
+            bad["devices"][CPU.fingerprint]["entries"][0]["results"][0]["samples"] = [huge]
+        with pytest.raises(TuneTableError, match=r"got \[\[0, 1, 2, 3, \.\.\.\]") as info:
+            TuneTable.from_json(bad, origin="t.json")
+        assert len(str(info.value)) < 300
 
 
 def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_named(tmp_path):
