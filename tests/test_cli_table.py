@@ -188,6 +188,16 @@ def test_show_into_a_closed_pipe_ends_quietly(tuner, tmp_path):
     assert b"BrokenPipeError" not in err and b"Traceback" not in err
 
 
+def test_import_of_a_fifo_fails_at_once_with_one_line(tmp_path):
+    os.mkfifo(tmp_path / "table.json")
+    done = subprocess.run([sys.executable, "-m", "jax_autotune", "import", str(tmp_path / "table.json")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"jax-autotune: import: {tmp_path / 'table.json'}: not a regular file (a FIFO)")
+
+
 def test_import_of_a_damaged_file_names_the_field(tuner, capsys, tmp_path):
     path = tmp_path / "t.json"
     run(capsys, "export", str(path))

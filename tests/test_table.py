@@ -4,7 +4,10 @@ import copy
 import dataclasses
 import functools
 import json
+import os
 import pickle
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -460,6 +463,24 @@ def test_the_error_for_a_huge_value_quotes_only_its_start():
         with pytest.raises(TuneTableError, match=r"got \[\[0, 1, 2, 3, \.\.\.\]") as info:
             TuneTable.from_json(bad, origin="t.json")
         assert len(str(info.value)) < 300
+
+
+def test_only_a_regular_file_is_read_as_a_table_and_a_fifo_is_never_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo.json")
+    code = ("import sys, jax_autotune as jat\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        jat.load_table(path)\n"
+            "    except OSError as err:\n"
+            "        print(type(err).__name__, err)\n")
+    paths = [str(tmp_path / "fifo.json"), "/dev/zero", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "c")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        f"NotARegularFileError {paths[0]}: not a regular file (a FIFO)",
+        "NotARegularFileError /dev/zero: not a regular file (a character device)",
+        f"NotARegularFileError {paths[2]}: not a regular file (a folder)"]
 
 
 def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_named(tmp_path):
