@@ -18,7 +18,7 @@ import os
 import stat
 from typing import BinaryIO
 
-__all__ = ["NotARegularFileError", "open_regular"]
+__all__ = ["NotARegularFileError", "check_regular", "open_regular"]
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -34,12 +34,28 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     failures (missing, no permission) raise as ``open`` raises them."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-            raise NotARegularFileError(f"{os.fspath(path)}: not a regular file ({kind})")
+        _refuse_other(path, os.fstat(fd).st_mode)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def check_regular(path: str | os.PathLike) -> None:
+    """``NotARegularFileError`` when ``path`` exists and is not a regular file: for a file
+    another library opens by name (SQLite), which would block on a FIFO.
+
+        >>> check_regular("/home/me/.cache/jax_autotune/default.db")    # None: fine or missing
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    _refuse_other(path, mode)
+
+
+def _refuse_other(path: str | os.PathLike, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise NotARegularFileError(f"{os.fspath(path)}: not a regular file ({kind})")

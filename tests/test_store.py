@@ -320,6 +320,30 @@ def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
     assert path.read_bytes() == garbage  # the user's file is left alone
 
 
+@pytest.mark.parametrize("fifo", ["default.db", "default.db-wal"])
+def test_a_database_that_is_a_fifo_means_memory_only_and_never_waits(tmp_path, fifo):
+    if fifo != "default.db":  # beside a real database
+        with TuneStore(tmp_path / "default.db") as real:
+            real.put(NS, "k", "c", {"x": 1})
+    os.mkfifo(tmp_path / fifo)
+    code = textwrap.dedent("""
+        import sys, warnings
+        from jax_autotune.tuning.store import TuneStore
+        s = TuneStore(sys.argv[1])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            s.put("ns", "k", "c", {"x": 1})
+            print(s.get("ns", "k", "c"), s.available, len(seen))
+        print(s.check())
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "default.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = done.stdout.splitlines()
+    assert first == "None False 1"
+    assert second.endswith(f"{tmp_path / fifo}: not a regular file (a FIFO)")
+
+
 def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
     store.put(NS, "good", "c", {"x": 1})
     with sqlite3.connect(store.path) as raw:

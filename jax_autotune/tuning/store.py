@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jax_autotune.config as config
+from jax_autotune.files import check_regular
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "JaxAutotuneStoreWarning", "StoreEntry", "TuneStore", "open_store"]
 
@@ -202,6 +203,8 @@ class TuneStore:
             self._conn = None  # inherited across fork: never use (or close) the parent's
         if self._conn is not None:
             return self._conn
+        for name in (self._path.name, f"{self._path.name}-wal", f"{self._path.name}-shm"):
+            check_regular(self._path.with_name(name))  # SQLite's open would block on a FIFO
         exists = self._path.exists()
         if not create and not exists:
             return None
