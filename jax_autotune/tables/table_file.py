@@ -58,7 +58,7 @@ from jax_autotune._version import __version__
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
 from jax_autotune.files import open_regular
-from jax_autotune.tables.validation import (LIMITS, TuneTableError, cap, check_text_size, field,
+from jax_autotune.tuning.validation import (LIMITS, TuneTableError, cap, check_text_size, field,
                                             parse_entry, shown)
 from jax_autotune.tuning.decision import Decision
 

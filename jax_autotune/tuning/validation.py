@@ -1,12 +1,16 @@
-"""What an untrusted tune table may hold: JSON field types, and caps on its size.
+"""What an untrusted decision record may hold: JSON field types, and caps on its size.
 
-Every check raises ``TuneTableError`` naming the file and the field; ``LIMITS`` bounds
-the strings and counts a table may carry, so a hostile table cannot copy a 200 MB string
-into the store or nest deeper than the checks go.
+The rules of a tune table's entries, which a row of the tune store must also meet
+(``parse_entry``: tables, the store's readers). Every check raises ``TuneTableError``
+naming the file (or database) and the field; ``LIMITS`` bounds the strings and counts a
+table may carry, so a hostile table cannot copy a 200 MB string into the store or nest
+deeper than the checks go.
 
-    >>> from jax_autotune.tables.validation import field, LIMITS
+    >>> from jax_autotune.tuning.validation import LIMITS, parse_entry
     >>> LIMITS["characters per string"]
     4096
+    >>> parse_entry({"winner": 3}, "entries[0].", "t.json")
+    TuneTableError: t.json: entries[0].key: missing (expected an object)
 """
 
 from __future__ import annotations
