@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -105,6 +106,52 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     assert fresh.select(PROBLEM_A, mode="require").winner == "fast"
     _, out, _ = run(capsys, "show")
     assert key_id(PROBLEM_A.key()) in out and "fast" in out
+
+
+HOSTILE_EDITS = [(("results", 0, "score"), "abc"), (("results", 0, "name"), 1),
+                 (("winner",), 5), (("results", 0, "samples"), ["x"]), (("bounds",), {"a": [1]}),
+                 (("results", 0, "outcome"), "great")]
+
+
+def edit_row(store, namespace, key, where, value):
+    """Set one field of a stored row's JSON value, in SQLite, as a hostile hand would."""
+    store.close()
+    with sqlite3.connect(store.path) as raw:
+        (text,) = raw.execute("SELECT value FROM entries WHERE namespace = ? AND key = ?",
+                              (namespace, key)).fetchone()
+        data = target = json.loads(text)
+        for part in where[:-1]:
+            target = target[part]
+        target[where[-1]] = value
+        raw.execute("UPDATE entries SET value = ? WHERE namespace = ? AND key = ?",
+                    (json.dumps(data), namespace, key))
+
+
+@pytest.mark.parametrize("where, value", HOSTILE_EDITS)
+def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, capsys, tmp_path,
+                                                                         monkeypatch, where, value):
+    edit_row(tuner.store, tuner.namespace, PROBLEM_A.key().canonical(), where, value)
+
+    def command(*argv):  # each in a new process: nothing in memory, no warning given yet
+        monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), make_tuner(open_store()))
+        return run(capsys, *argv)
+
+    bad, good = key_id(PROBLEM_A.key()), key_id(PROBLEM_B.key())
+    skipped = "warning: skipping a bad row in the tune store database"
+    code, out, err = command("show")
+    assert code == 0 and good in out and bad not in out
+    assert skipped in err and PROBLEM_A.key().canonical() in err
+    code, out, err = command("explain", good)
+    assert code == 0 and "winner     fast" in out and skipped in err
+    code, out, err = command("explain", bad)
+    assert code == 2 and "no decision matches" in err and "Traceback" not in err
+    code, out, err = command("export", str(tmp_path / "t.json"))
+    assert code == 0 and "exported 1 decisions" in out and skipped in err
+    exported = json.loads((tmp_path / "t.json").read_text())
+    assert [e["key_string"] for d in exported["devices"].values() for e in d["entries"]] == [
+        PROBLEM_B.key().canonical()]
+    code, out, err = command("import", str(tmp_path / "t.json"))
+    assert code == 0 and "installed 1 decisions" in out
 
 
 def test_clear_with_a_device_deletes_only_that_device(tuner, capsys):

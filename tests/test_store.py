@@ -361,6 +361,26 @@ def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
     assert store.get(NS, "bad", "c") == {"fixed": True}
 
 
+@pytest.mark.parametrize("where, value", [(("results", 0, "score"), "abc"), (("problem", "m"), -3),
+                                          (("key",), "m=1"), (("results", 0, "name"), 1)])
+def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(tmp_path, where, value):
+    from test_cli_table import edit_row
+    from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
+    from jax_autotune.tables.install import table
+
+    tuned = tuned_tuner(TuneStore(tmp_path / "default.db"))
+    edit_row(tuned.store, tuned.namespace, PROBLEM_A.key().canonical(), where, value)
+    tuner = make_tuner(TuneStore(tmp_path / "default.db"))  # a new process
+    with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row") as seen:
+        assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
+        assert [d.key for _, d in table(tuners=[tuner]).entries()] == [PROBLEM_B.key()]
+        assert tuner.select(PROBLEM_A, mode="cached").source == "fallback"  # never the bad row
+    assert len(store_warnings(seen)) == 1
+    decision = tuner.select(PROBLEM_A)  # mode tune: tuned again, and the row replaced
+    assert decision.source == "tuned" and decision.winner == "fast"
+    assert make_tuner(TuneStore(tmp_path / "default.db")).select(PROBLEM_A).source == "store"
+
+
 def test_values_are_stored_as_plain_json_text(store):
     store.put(NS, "k", "c", {"b": [1, 2.5], "a": "x"})
     with sqlite3.connect(store.path) as raw:
