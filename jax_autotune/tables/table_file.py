@@ -262,12 +262,13 @@ class TuneTable:
             TuneTable(1 devices, 12 entries)
         """
         origin = str(path)
-        local = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-        if local is not None and "://" not in local:  # a regular file, its size before reading
-            with open_regular(local) as f:
+        local = isinstance(path, (str, os.PathLike)) and not (
+            hasattr(path, "open") and "://" in os.fspath(path))  # not an epath.Path of a bucket
+        if local:  # a regular file, its size checked before it is read
+            with open_regular(path) as f:
                 cap(os.fstat(f.fileno()).st_size, "bytes of text", origin, "")
                 raw = f.read(LIMITS["bytes of text"] + 1)
-        else:  # an epath.Path of a remote checkpoint
+        else:
             with path.open("rb") as f:
                 raw = f.read(LIMITS["bytes of text"] + 1)
         check_text_size(raw, origin)
