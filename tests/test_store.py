@@ -363,7 +363,7 @@ def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
 
 @pytest.mark.parametrize("where, value", [(("results", 0, "score"), "abc"), (("problem", "m"), -3),
                                           (("key",), "m=1"), (("results", 0, "name"), 1)])
-def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(tmp_path, where, value):
+def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tmp_path, where, value):
     from test_cli_table import edit_row
     from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
     from jax_autotune.tables.install import table
