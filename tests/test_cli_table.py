@@ -110,7 +110,7 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
 
 HOSTILE_EDITS = [(("results", 0, "score"), "abc"), (("results", 0, "name"), 1),
                  (("winner",), 5), (("results", 0, "samples"), ["x"]), (("bounds",), {"a": [1]}),
-                 (("results", 0, "outcome"), "great")]
+                 (("results", 0, "outcome"), "great"), (("results", 0, "score"), 10**400)]
 
 
 def edit_row(store, namespace, key, where, value):
@@ -127,7 +127,8 @@ def edit_row(store, namespace, key, where, value):
                     (json.dumps(data), namespace, key))
 
 
-@pytest.mark.parametrize("where, value", HOSTILE_EDITS)
+@pytest.mark.parametrize("where, value", HOSTILE_EDITS, ids=lambda x: ".".join(map(str, x))[:20]
+                         if isinstance(x, tuple) else str(x)[:12])
 def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, capsys, tmp_path,
                                                                          monkeypatch, where, value):
     edit_row(tuner.store, tuner.namespace, PROBLEM_A.key().canonical(), where, value)

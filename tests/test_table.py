@@ -189,8 +189,10 @@ def _set(path_in_entry, value):
     (_set(["entries", 0, "results", 0, "outcome"], "great"), "results[0].outcome"),
     (_set(["entries", 0, "key", "m"], "big"), "'m'"),
     (_set(["entries", 0, "problem"], None), "entries[0].problem"),
+    (_set(["entries", 0, "tuning_seconds"], 10**400), "entries[0].tuning_seconds"),
+    (_set(["entries", 0, "results", 0, "score"], -10**400), "results[0].score"),
 ], ids=["created", "devices", "checksum", "candidates", "candidate-name", "winner",
-        "timestamp", "samples", "outcome", "key-field", "problem"])
+        "timestamp", "samples", "outcome", "key-field", "problem", "huge-int", "huge-score"])
 def test_a_field_of_the_wrong_type_is_an_error_naming_the_field(store, tmp_path, mutate, field):
     data = table(tuners=[tuned_tuner(store)]).to_json()
     mutate(data)

@@ -51,13 +51,22 @@ def _type_name(expected) -> str:
 def _matches(value: Any, expected) -> bool:
     for kind in expected if isinstance(expected, tuple) else (expected,):
         if kind is _NUMBER:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _fits_float(value):
                 return True
         elif kind in (int, float) and isinstance(value, bool):
             continue
         elif isinstance(value, kind):
             return True
     return False
+
+
+def _fits_float(value: int | float) -> bool:
+    """A JSON integer such as 10**400 is no number a time or a ratio can be."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def cap(count: int, limit: str, origin: str, where: str) -> None:
