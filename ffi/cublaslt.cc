@@ -2,8 +2,9 @@
 // algorithms cuBLASLt's heuristic offers for the problem (the last one when it offers
 // fewer), on XLA's stream. Operands are the canonical ones (matmul_shapes.h) in bf16, f16
 // or f32; out is the operands' dtype or f32 (f32 operands: f32 only). Attributes (int64):
-// transpose_a, transpose_b, tf32 (f32 operands: 1 = TF32 tensor cores, 0 = full f32),
-// algorithm. A second result, a uint8 buffer, is the workspace.
+// transpose_a, transpose_b (0 or 1), tf32 (f32 operands: 1 = TF32 tensor cores, 0 = full
+// f32; other operands: 0), algorithm (0 to kMaxAlgorithms - 1), each checked before
+// anything runs. A second result, a uint8 buffer, is the workspace.
 //
 // Row-major C = A B is column-major C^T = B^T A^T, so cuBLASLt's "A" is our rhs and its
 // "B" our lhs; a transposed operand is read in place (op T).
@@ -35,7 +36,7 @@ namespace {
 
 using namespace lt;  // NOLINT: the cuBLASLt declarations
 
-constexpr int kMaxAlgorithms = 8;  // asked of the heuristic per problem
+constexpr int kMaxAlgorithms = kCublasLtMaxAlgorithms;  // asked of the heuristic per problem
 
 
 struct Api {
@@ -186,16 +187,31 @@ Plan* make_plan(Library& lib, LtHandle handle, const PlanKey& key, std::string* 
   return raw;
 }
 
+ffi::Error check_attributes(const char* target, bool f32_in, int64_t transpose_a,
+                            int64_t transpose_b, int64_t tf32, int64_t algorithm) {
+  if (auto e = check_attribute(target, "transpose_a", transpose_a, 0, 1, "0 or 1"); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "transpose_b", transpose_b, 0, 1, "0 or 1"); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "tf32", tf32, 0, f32_in ? 1 : 0,
+                               f32_in ? "0 or 1" : "0 (TF32 is for float32 operands)");
+      e.failure())
+    return e;
+  return check_attribute(target, "algorithm", algorithm, 0, kMaxAlgorithms - 1,
+                         ("0 to " + std::to_string(kMaxAlgorithms - 1)).c_str());
+}
+
+// The matmul of both targets, their attributes already checked.
 ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::AnyBuffer lhs,
                       ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> out,
                       ffi::Result<ffi::AnyBuffer> workspace, int64_t transpose_a,
                       int64_t transpose_b, int64_t tf32, int64_t algorithm,
                       const Epilogue& epilogue) {
   Shapes s;
-  if (auto e = check_shapes(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_shapes(target, lhs, rhs, *out, transpose_a != 0, transpose_b != 0, &s);
+      e.failure())
     return e;
   const ffi::DataType in = lhs.element_type(), result = out->element_type();
-  const bool f32_in = in == ffi::DataType::F32;
   if (cuda_type(in) < 0 || rhs.element_type() != in ||
       (result != in && result != ffi::DataType::F32))
     return ffi::Error::InvalidArgument(
@@ -221,7 +237,7 @@ ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::Any
         return ffi::Error(ffi::ErrorCode::kInternal, status_error("cublasLtCreate", st));
       }
     handle = slot;
-    const int compute = f32_in && tf32 != 0 ? kCompute32FFastTf32 : kCompute32F;
+    const int compute = in == ffi::DataType::F32 && tf32 != 0 ? kCompute32FFastTf32 : kCompute32F;
     const uint32_t align_out = alignment(out->untyped_data());
     const PlanKey key{device, cuda_type(in), cuda_type(result), compute, s.batch, s.m, s.n, s.k,
                       transpose_a != 0, transpose_b != 0, alignment(lhs.untyped_data()),
@@ -237,7 +253,7 @@ ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::Any
       if (plan == nullptr) return ffi::Error(ffi::ErrorCode::kInternal, error);
     }
   }
-  const size_t pick = std::min<size_t>(std::max<int64_t>(algorithm, 0), plan->algorithms.size() - 1);
+  const size_t pick = std::min<size_t>(algorithm, plan->algorithms.size() - 1);
   const float alpha = 1.0f, beta = epilogue.residual ? 1.0f : 0.0f;
   const void* c = epilogue.residual ? epilogue.residual : out->untyped_data();
   auto call = [&]() {
@@ -262,8 +278,12 @@ ffi::Error cublaslt_impl(void* stream, int32_t device, ffi::AnyBuffer lhs, ffi::
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                          int64_t transpose_a, int64_t transpose_b, int64_t tf32,
                          int64_t algorithm) {
-  return run_matmul("jax_autotune_cublaslt", stream, device, lhs, rhs, out, workspace,
-                    transpose_a, transpose_b, tf32, algorithm, Epilogue{});
+  const char* target = "jax_autotune_cublaslt";
+  const bool f32_in = lhs.element_type() == ffi::DataType::F32;
+  if (auto e = check_attributes(target, f32_in, transpose_a, transpose_b, tf32, algorithm); e.failure())
+    return e;
+  return run_matmul(target, stream, device, lhs, rhs, out, workspace, transpose_a, transpose_b,
+                    tf32, algorithm, Epilogue{});
 }
 
 // The epilogue variant: bias and residual checked against out, then the same matmul.
@@ -274,13 +294,16 @@ ffi::Error cublaslt_epilogue_impl(void* stream, int32_t device, ffi::AnyBuffer l
                                   int64_t transpose_b, int64_t tf32, int64_t algorithm,
                                   int64_t activation, int64_t has_bias, int64_t has_residual) {
   const char* target = "jax_autotune_cublaslt_epilogue";
-  auto flag = [](int64_t v) { return v == 0 || v == 1; };
-  if (!flag(has_bias) || !flag(has_residual) || activation < 0 || activation > 2 ||
-      (has_residual && activation != 0))
-    return ffi::Error::InvalidArgument(
-        std::string(target) + ": has_bias and has_residual must be 0 or 1 and activation 0 "
-        "(none), 1 (relu) or 2 (gelu), none with a residual; got " + std::to_string(has_bias) +
-        ", " + std::to_string(has_residual) + ", " + std::to_string(activation));
+  const bool f32_in = lhs.element_type() == ffi::DataType::F32;
+  if (auto e = check_attributes(target, f32_in, transpose_a, transpose_b, tf32, algorithm); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "has_bias", has_bias, 0, 1, "0 or 1"); e.failure()) return e;
+  if (auto e = check_attribute(target, "has_residual", has_residual, 0, 1, "0 or 1"); e.failure())
+    return e;
+  if (auto e = check_attribute(target, "activation", activation, 0, has_residual ? 0 : 2,
+                               has_residual ? "0 (none) with a residual" : "0 (none), 1 (relu) or 2 (gelu)");
+      e.failure())
+    return e;
   const auto out_dims = out->dimensions();
   const int64_t n = out_dims.size() == 3 ? out_dims[2] : -1;
   if (has_bias && (bias.element_type() != out->element_type() || bias.dimensions().size() != 1 ||
@@ -302,6 +325,12 @@ ffi::Error cublaslt_epilogue_impl(void* stream, int32_t device, ffi::AnyBuffer l
 }
 
 }  // namespace
+
+std::string cublaslt_attribute_error(bool f32_operands, int64_t transpose_a, int64_t transpose_b,
+                                     int64_t tf32, int64_t algorithm) {
+  return check_attributes("jax_autotune_cublaslt", f32_operands, transpose_a, transpose_b, tf32,
+                          algorithm).message();
+}
 
 std::string load_cublaslt(const std::string& path) {
   Library& lib = library();

@@ -5,6 +5,7 @@
 // loaded, kernels/gpu/cublaslt.py), so the same build serves CPU-only machines.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "xla/ffi/api/c_api.h"
 
 namespace jat {
+
+// Algorithms asked of cuBLASLt's heuristic per problem: the `algorithm` attribute is below it.
+constexpr int kCublasLtMaxAlgorithms = 8;
 
 // Loads `path` and the cuBLASLt entry points; "" or why it failed. Once loaded, a later
 // call changes nothing and returns "".
@@ -22,6 +26,13 @@ std::string load_cublaslt(const std::string& path);
 // The path of the loaded library ("" when none is) and its cublasLtGetVersion() (0).
 std::string cublaslt_library();
 size_t cublaslt_version();
+
+// Why the handler refuses these attributes ("" when it takes them), checked before it
+// touches a buffer or the library; f32_operands: lhs and rhs are float32.
+//
+//   cublaslt_attribute_error(true, 0, 0, 1, 9);  // "...: attribute algorithm must be 0 to 7, got 9"
+std::string cublaslt_attribute_error(bool f32_operands, int64_t transpose_a, int64_t transpose_b,
+                                     int64_t tf32, int64_t algorithm);
 
 // (FFI target name, handler) of the CUDA handlers; native.py registers them for "CUDA".
 std::vector<std::pair<const char*, XLA_FFI_Handler*>> cuda_ffi_handlers();

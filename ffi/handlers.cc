@@ -2,10 +2,13 @@
 //
 // Every matmul target takes lhs (batch, m, k) or (batch, k, m) when transpose_a, rhs
 // (batch, k, n) or (batch, n, k) when transpose_b, returns (batch, m, n), all of one
-// dtype (f32 or f64), and the int64 attributes transpose_a, transpose_b, threads, isa
-// (not for BLAS) and tile (GEMM only).
+// dtype (f32 or f64), and the int64 attributes transpose_a, transpose_b (0 or 1), threads
+// (0 = all, else at most kMaxThreadsAttribute), isa (not for BLAS) and tile (GEMM only).
+// Every attribute is checked before anything runs: a value out of range (an edited
+// artifact) is an InvalidArgument error, never a cast that wraps or an output left unwritten.
 #include "handlers.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -22,10 +25,18 @@ namespace ffi = xla::ffi;
 namespace jat {
 namespace {
 
-// Checks that lhs, rhs and out are one canonical matmul of one dtype, f32 or f64.
+// Checks the attributes every target has, and that lhs, rhs and out are one canonical
+// matmul of one dtype, f32 or f64.
 ffi::Error check_matmul(const char* target, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
-                        const ffi::AnyBuffer& out, bool ta, bool tb, Shapes* shapes) {
-  if (auto e = check_shapes(target, lhs, rhs, out, ta, tb, shapes); e.failure()) return e;
+                        const ffi::AnyBuffer& out, int64_t ta, int64_t tb, int64_t threads,
+                        Shapes* shapes) {
+  if (auto e = check_attribute(target, "transpose_a", ta, 0, 1, "0 or 1"); e.failure()) return e;
+  if (auto e = check_attribute(target, "transpose_b", tb, 0, 1, "0 or 1"); e.failure()) return e;
+  if (auto e = check_attribute(target, "threads", threads, 0, kMaxThreadsAttribute,
+                               ("0 (all) or 1 to " + std::to_string(kMaxThreadsAttribute)).c_str());
+      e.failure())
+    return e;
+  if (auto e = check_shapes(target, lhs, rhs, out, ta != 0, tb != 0, shapes); e.failure()) return e;
   const std::string where = std::string(target) + ": ";
   const ffi::DataType t = lhs.element_type();
   if (t != ffi::DataType::F32 && t != ffi::DataType::F64)
@@ -47,10 +58,10 @@ bool handled_empty(const Shapes& s, ffi::AnyBuffer out) {
 
 ffi::Error check_isa(const char* target, int64_t isa) {
   const Isa effective = isa_choice().effective;
-  if (isa < 0 || isa >= kIsaCount)
-    return ffi::Error::InvalidArgument(std::string(target) + ": attribute isa must be 0 "
-                                       "(portable), 1 (avx2) or 2 (avx512), got " +
-                                       std::to_string(isa));
+  if (auto e = check_attribute(target, "isa", isa, 0, kIsaCount - 1,
+                               "0 (portable), 1 (avx2) or 2 (avx512)");
+      e.failure())
+    return e;
   if (isa > static_cast<int64_t>(effective))
     return ffi::Error(ffi::ErrorCode::kUnavailable,
                       std::string(target) + ": isa " + isa_name(static_cast<Isa>(isa)) +
@@ -58,8 +69,10 @@ ffi::Error check_isa(const char* target, int64_t isa) {
   return ffi::Error::Success();
 }
 
+// `threads` as checked by check_matmul: 0 = all; never more than are here.
 int thread_count(int64_t threads) {
-  return threads <= 0 ? available_threads() : static_cast<int>(threads);
+  const int here = available_threads();
+  return threads == 0 ? here : static_cast<int>(std::min<int64_t>(threads, here));
 }
 
 template <typename T>
@@ -116,7 +129,8 @@ ffi::Error small_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::A
                       int64_t transpose_a, int64_t transpose_b, int64_t isa, int64_t threads) {
   const char* target = "jax_autotune_small";
   Shapes s;
-  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, threads, &s);
+      e.failure())
     return e;
   if (auto e = check_isa(target, isa); e.failure()) return e;
   if (handled_empty(s, *out)) return ffi::Error::Success();
@@ -181,7 +195,8 @@ ffi::Error gemv_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
                      int64_t transpose_a, int64_t transpose_b, int64_t isa, int64_t threads) {
   const char* target = "jax_autotune_gemv";
   Shapes s;
-  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, threads, &s);
+      e.failure())
     return e;
   if (auto e = check_isa(target, isa); e.failure()) return e;
   if (handled_empty(s, *out)) return ffi::Error::Success();
@@ -202,14 +217,15 @@ ffi::Error gemm_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
                      int64_t tile) {
   const char* target = "jax_autotune_gemm";
   Shapes s;
-  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, threads, &s);
+      e.failure())
     return e;
   if (auto e = check_isa(target, isa); e.failure()) return e;
+  if (auto e = check_attribute(target, "tile", tile, 0, kTilesPerIsa - 1,
+                               ("a tile index in [0, " + std::to_string(kTilesPerIsa) + ")").c_str());
+      e.failure())
+    return e;
   if (handled_empty(s, *out)) return ffi::Error::Success();
-  if (tile < 0 || tile >= kTilesPerIsa)
-    return ffi::Error::InvalidArgument(std::string(target) + ": attribute tile must be in [0, " +
-                                       std::to_string(kTilesPerIsa) + "), got " +
-                                       std::to_string(tile));
   const GemmTile& t = kernels_for(static_cast<Isa>(isa)).tiles[tile];
   with_batched(lhs, rhs, *out, s, transpose_a, transpose_b,
                [&](const auto& p) { gemm(p, t, thread_count(threads)); });
@@ -222,7 +238,8 @@ ffi::Error blas_impl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::An
                      int64_t transpose_a, int64_t transpose_b, int64_t threads) {
   const char* target = "jax_autotune_blas";
   Shapes s;
-  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, &s); e.failure())
+  if (auto e = check_matmul(target, lhs, rhs, *out, transpose_a, transpose_b, threads, &s);
+      e.failure())
     return e;
   if (blas_library().empty())
     return ffi::Error(ffi::ErrorCode::kUnavailable,

@@ -40,4 +40,11 @@ ffi::Error check_shapes(const char* target, const ffi::AnyBuffer& lhs, const ffi
   return ffi::Error::Success();
 }
 
+ffi::Error check_attribute(const char* target, const char* name, int64_t value, int64_t lo,
+                           int64_t hi, const char* expected) {
+  if (value >= lo && value <= hi) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string(target) + ": attribute " + name + " must be " +
+                                     expected + ", got " + std::to_string(value));
+}
+
 }  // namespace jat

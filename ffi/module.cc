@@ -51,6 +51,8 @@ NB_MODULE(_native, m) {
   m.attr("built_against_jaxlib") = JAT_JAXLIB_BUILD_VERSION;
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   m.attr("small_max_dim") = jat::kSmallMaxDim;
+  m.attr("max_threads_attribute") = jat::kMaxThreadsAttribute;
+  m.attr("cublaslt_max_algorithms") = jat::kCublasLtMaxAlgorithms;
   m.def("registrations", &registrations,
         "{FFI target name: PyCapsule of its XLA_FFI_Handler}, for jax.ffi.register_ffi_target.");
   m.def("isa", [] { return std::string(jat::isa_name(jat::isa_choice().effective)); },
@@ -72,6 +74,9 @@ NB_MODULE(_native, m) {
   m.def("load_cublaslt", &jat::load_cublaslt, nb::arg("path"),
         "dlopen a cuBLASLt library; '' or why it failed.");
   m.def("cublaslt_library", &jat::cublaslt_library, "Path of the loaded cuBLASLt, or ''.");
+  m.def("cublaslt_attribute_error", &jat::cublaslt_attribute_error, nb::arg("f32_operands"),
+        nb::arg("transpose_a"), nb::arg("transpose_b"), nb::arg("tf32"), nb::arg("algorithm"),
+        "Why jax_autotune_cublaslt refuses these attributes, or '' (the handler's own check).");
   m.def("cublaslt_version", &jat::cublaslt_version, "cublasLtGetVersion() of it, or 0.");
   m.def("fma_seconds", &jat::fma_seconds, nb::arg("dtype"), nb::arg("iterations"),
         nb::arg("threads"), nb::call_guard<nb::gil_scoped_release>(),

@@ -3,7 +3,12 @@
 Precedence, highest first: ``config.update(name, value)`` > environment variable >
 config file > default. The file is the nearest ``jax_autotune.toml`` (top-level keys) or
 ``pyproject.toml`` with a ``[tool.jax_autotune]`` table, walking up from the working
-directory.
+directory. Only that table of a ``pyproject.toml`` is read: one without it is skipped, and
+one that cannot be read or parsed is skipped too unless its text names the table
+(``[tool.jax_autotune]``, ``tool.jax_autotune.level = ...``, ``jax_autotune = {...}``),
+which gives one ``ConfigWarning`` and the defaults. ``jax_autotune.toml`` is the user's own
+file for this package: one that cannot be read or parsed is a ``ConfigError``, like a bad
+setting in it.
 
     >>> from jax_autotune import config
     >>> config.update("mode", "cached")
@@ -30,9 +35,11 @@ import os
 import re
 import threading
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from jax_autotune.files import open_regular
 from jax_autotune.key import Level
 
 MODES = ("tune", "cached", "require", "off")
@@ -43,6 +50,10 @@ _FALSE = ("0", "false", "no", "off")
 
 class ConfigError(ValueError):
     """A bad setting name or value; the message names it and what is allowed."""
+
+
+class ConfigWarning(UserWarning):
+    """A ``pyproject.toml`` that may hold ``[tool.jax_autotune]`` cannot be read: defaults."""
 
 
 def _parse_bool(name: str, value: Any) -> bool:
@@ -140,6 +151,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 _lock = threading.Lock()
 _explicit: dict[str, Any] = {}
 _file_cache: dict[str, tuple[Path | None, dict[str, Any]]] = {}
+_warned_files: set[Path] = set()
+# a line of TOML that names our table: [tool.jax_autotune...], tool.jax_autotune... =, or
+# (under [tool]) jax_autotune = / jax_autotune.x =
+_OUR_TABLE = re.compile(r"""^[ \t]*(\[\[?[ \t]*tool[ \t]*\.[ \t]*|tool[ \t]*\.[ \t]*)?"""
+                        r"""(jax_autotune|"jax_autotune"|'jax_autotune')[ \t]*[.=\]]""", re.M)
 
 
 def _setting(name: str) -> Setting:
@@ -149,29 +165,62 @@ def _setting(name: str) -> Setting:
 
 
 def find_config_file(start: str | os.PathLike | None = None) -> tuple[Path | None, dict[str, Any]]:
-    """The nearest config file above ``start`` (default: cwd) and its jax_autotune table."""
+    """The nearest config file above ``start`` (default: cwd) and its jax_autotune table
+    (see the module docstring for which files count).
+
+        >>> find_config_file("/home/me/project")
+        (PosixPath('/home/me/project/pyproject.toml'), {'mode': 'cached'})
+    """
     directory = Path(start or os.getcwd()).resolve()
     for folder in (directory, *directory.parents):
         own = folder / "jax_autotune.toml"
         if own.is_file():
-            return own, _read_toml(own)
+            try:
+                return own, _read_toml(own)
+            except _UNREADABLE as err:
+                raise ConfigError(f"{own}: cannot read config file: {type(err).__name__}: "
+                                  f"{err}") from None
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
-            tool = _read_toml(pyproject).get("tool")
-            table = tool.get("jax_autotune") if isinstance(tool, dict) else None
+            table = _pyproject_table(pyproject)
             if table is not None:
-                if not isinstance(table, dict):
-                    raise ConfigError(f"{pyproject}: [tool.jax_autotune] must be a table")
                 return pyproject, table
     return None, {}
 
 
+_UNREADABLE = (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError)  # toml is UTF-8
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    with open_regular(path) as f:
+        return tomllib.loads(f.read().decode("utf-8"))
+
+
+def _pyproject_table(path: Path) -> dict[str, Any] | None:
+    """The ``[tool.jax_autotune]`` table of a pyproject.toml; None when it has none (or
+    cannot be read and does not name it); {} with one ConfigWarning when it cannot be read
+    and may hold it (an unreadable file, or text that names the table)."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:  # toml is UTF-8
-        raise ConfigError(f"{path}: cannot read config file: {type(err).__name__}: {err}") from None
+        tool = _read_toml(path).get("tool")
+    except _UNREADABLE as err:
+        try:
+            with open_regular(path) as f:
+                names_it = _OUR_TABLE.search(f.read().decode("utf-8", "replace")) is not None
+        except OSError:
+            names_it = True  # cannot tell
+        if not names_it:
+            return None
+        if path not in _warned_files:
+            _warned_files.add(path)
+            warnings.warn(f"jax_autotune: {path} may hold [tool.jax_autotune] but cannot be "
+                          f"read ({type(err).__name__}: {err}); its settings are not used: "
+                          f"defaults (and environment variables) until it is fixed",
+                          ConfigWarning, stacklevel=5)
+        return {}
+    table = tool.get("jax_autotune") if isinstance(tool, dict) else None
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.jax_autotune] must be a table")
+    return table
 
 
 def _file_values() -> tuple[Path | None, dict[str, Any]]:
@@ -226,3 +275,4 @@ def reset() -> None:
     with _lock:
         _explicit.clear()
         _file_cache.clear()
+        _warned_files.clear()

@@ -250,6 +250,8 @@ def _batching_rule(args, dims, *, problem, key, out_sharding):
         dot = functools.partial(xla_dot, problem=problem, out_sharding=out_sharding)
         return jax.vmap(dot, in_axes=(lhs_dim, rhs_dim))(lhs, rhs), 0
     size = lhs.shape[lhs_dim] if lhs_dim is not None else rhs.shape[rhs_dim]
+    if size == 0:  # an empty mapped axis: no problem to tune, the empty result lax gives
+        return jnp.zeros((0, *problem.out_shape), problem.out_dtype), 0
     if rhs_dim is None and not problem.transpose_a and problem.batch == 1:
         # (V, 1, m, k) @ (1, k, n): one (1, V*m, k) problem, no copy of rhs
         lhs = jnp.moveaxis(lhs, lhs_dim, 0).reshape(1, size * problem.m, problem.k)

@@ -319,6 +319,32 @@ def test_zero_size_dot_general_vmap_and_grad_match_lax(fresh_tuning, lhs_shape, 
     assert counters.stats()["tuned"] == 0
 
 
+DIMS = (((1,), (0,)), ((), ()))  # (m, k) x (k, n)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, in_axes", [
+    ((0, 3, 4), (0, 4, 2), (0, 0)), ((0, 3, 4), (4, 2), (0, None)), ((3, 4), (0, 4, 2), (None, 0)),
+    ((3, 0, 4), (2, 0, 4, 5), (1, 1)), ((0, 2, 3, 4), (2, 4, 5), (0, None))])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vmap_over_an_empty_axis_gives_what_jnp_gives(fresh_tuning, a_shape, b_shape, in_axes, dtype):
+    a, b = jnp.ones(a_shape, dtype), jnp.ones(b_shape, dtype)
+    want = jax.vmap(jnp.matmul, in_axes=in_axes)(a, b)
+    calls = [jax.vmap(jat.matmul, in_axes=in_axes), jax.jit(jax.vmap(jat.matmul, in_axes=in_axes)),
+             jax.vmap(jat.autotune(jnp.matmul), in_axes=in_axes),
+             jat.autotune(jax.vmap(jnp.matmul, in_axes=in_axes))]
+    for call in calls:
+        got = call(a, b)
+        assert got.shape == want.shape and got.dtype == want.dtype
+    if [len(shape) - (axis is not None) for shape, axis in zip((a_shape, b_shape), in_axes)] == [2, 2]:
+        dot = lambda f: jax.vmap(lambda x, y: f(x, y, DIMS), in_axes=in_axes)(a, b)  # noqa: E731
+        got, lax_dot = dot(jat.dot_general), dot(lax.dot_general)
+        assert got.shape == lax_dot.shape and got.dtype == lax_dot.dtype
+    assert counters.stats()["tuned"] == 0  # nothing to tune for an empty batch
+    grads = [jax.vmap(jax.grad(lambda x, y: f(x, y).astype("float32").sum(), argnums=(0, 1)),
+                      in_axes=in_axes)(a, b) for f in (jat.matmul, jnp.matmul)]
+    assert [g.shape for g in grads[0]] == [g.shape for g in grads[1]]
+
+
 @pytest.mark.parametrize("bad", [2.5, "1", 1.0])
 def test_dimension_numbers_must_be_integers_as_in_lax(bad):
     lhs, rhs = jnp.ones((3, 4)), jnp.ones((4, 5))

@@ -96,6 +96,24 @@ def test_a_checkpoint_item_that_is_not_utf8_is_a_tune_table_error(tmp_path, monk
         restore_step(tmp_path / "ckpt", params)
 
 
+def test_a_checkpoint_item_that_is_a_fifo_is_refused_at_once(tmp_path, params):
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
+    item = tmp_path / "ckpt" / "1" / "tune_table"
+    (item / TUNE_TABLE_FILENAME).unlink()
+    os.mkfifo(item / TUNE_TABLE_FILENAME)
+    code = ("import sys\n"
+            "from etils import epath\n"
+            "from jax_autotune.checkpoint import TuneTableHandler, TuneTableRestore\n"
+            "try:\n"
+            "    TuneTableHandler().restore(epath.Path(sys.argv[1]), TuneTableRestore(install=False))\n"
+            "except OSError as err:\n"
+            "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(item)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == f"{item / TUNE_TABLE_FILENAME}: not a regular file (a FIFO)"
+
+
 def test_jat_checkpoint_is_an_attribute_that_loads_orbax_on_first_use():
     code = ("import sys, jax_autotune as jat\n"
             "before = 'orbax.checkpoint' in sys.modules\n"

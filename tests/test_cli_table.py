@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -118,6 +119,53 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     assert key_id(PROBLEM_A.key()) in out and "fast" in out
 
 
+HOSTILE_EDITS = [(("results", 0, "score"), "abc"), (("results", 0, "name"), 1),
+                 (("winner",), 5), (("results", 0, "samples"), ["x"]), (("bounds",), {"a": [1]}),
+                 (("results", 0, "outcome"), "great"), (("results", 0, "score"), 10**400)]
+
+
+def edit_row(store, namespace, key, where, value):
+    """Set one field of a stored row's JSON value, in SQLite, as a hostile hand would."""
+    store.close()
+    with sqlite3.connect(store.path) as raw:
+        (text,) = raw.execute("SELECT value FROM entries WHERE namespace = ? AND key = ?",
+                              (namespace, key)).fetchone()
+        data = target = json.loads(text)
+        for part in where[:-1]:
+            target = target[part]
+        target[where[-1]] = value
+        raw.execute("UPDATE entries SET value = ? WHERE namespace = ? AND key = ?",
+                    (json.dumps(data), namespace, key))
+
+
+@pytest.mark.parametrize("where, value", HOSTILE_EDITS, ids=lambda x: ".".join(map(str, x))[:20]
+                         if isinstance(x, tuple) else str(x)[:12])
+def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, capsys, tmp_path,
+                                                                         monkeypatch, where, value):
+    edit_row(tuner.store, tuner.namespace, PROBLEM_A.key().canonical(), where, value)
+
+    def command(*argv):  # each in a new process: nothing in memory, no warning given yet
+        monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), make_tuner(open_store()))
+        return run(capsys, *argv)
+
+    bad, good = key_id(PROBLEM_A.key()), key_id(PROBLEM_B.key())
+    skipped = "warning: skipping a bad row in the tune store database"
+    code, out, err = command("show")
+    assert code == 0 and good in out and bad not in out
+    assert skipped in err and PROBLEM_A.key().canonical() in err
+    code, out, err = command("explain", good)
+    assert code == 0 and "winner     fast" in out and skipped in err
+    code, out, err = command("explain", bad)
+    assert code == 2 and "no decision matches" in err and "Traceback" not in err
+    code, out, err = command("export", str(tmp_path / "t.json"))
+    assert code == 0 and "exported 1 decisions" in out and skipped in err
+    exported = json.loads((tmp_path / "t.json").read_text())
+    assert [e["key_string"] for d in exported["devices"].values() for e in d["entries"]] == [
+        PROBLEM_B.key().canonical()]
+    code, out, err = command("import", str(tmp_path / "t.json"))
+    assert code == 0 and "installed 1 decisions" in out
+
+
 def test_clear_with_a_device_deletes_only_that_device(tuner, capsys):
     other = decision_namespace("gpu-other-mem1")
     tuner.store.put(other, "k", "c", {"winner": "xla_dot"})
@@ -197,6 +245,16 @@ def test_show_into_a_closed_pipe_ends_quietly(tuner, tmp_path):
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert b"BrokenPipeError" not in err and b"Traceback" not in err
+
+
+def test_import_of_a_fifo_fails_at_once_with_one_line(tmp_path):
+    os.mkfifo(tmp_path / "table.json")
+    done = subprocess.run([sys.executable, "-m", "jax_autotune", "import", str(tmp_path / "table.json")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"jax-autotune: import: {tmp_path / 'table.json'}: not a regular file (a FIFO)")
 
 
 def test_import_of_a_damaged_file_names_the_field(tuner, capsys, tmp_path):

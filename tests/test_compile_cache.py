@@ -130,3 +130,43 @@ def test_clear_deletes_the_compiled_executables_only_when_asked(tmp_path, monkey
     assert cli_main(["clear", "--compilation-cache"]) == 0
     assert not list(folder.iterdir())
     assert f"deleted {kept} compiled executables" in capsys.readouterr().out
+
+
+ENTRY = "jit_matmul-" + "ab" * 32  # JAX's key: module name, sha256 hex
+
+
+def user_files(folder):
+    """A folder of the user's own files, one named like a cache entry."""
+    folder.mkdir()
+    for name, text in (("thesis.tex", "chapter 1"), (f"{ENTRY}-cache", "mine"), ("notes", "x")):
+        (folder / name).write_text(text)
+    return {p.name: p.read_text() for p in folder.iterdir()}
+
+
+def test_clear_deletes_only_jax_entries_and_never_follows_a_link(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "store" / DIRECTORY_NAME
+    folder.mkdir(parents=True)
+    for name in (f"{ENTRY}-cache", f"{ENTRY}-atime", f"jit_f-{'0' * 64}-cache"):
+        (folder / name).write_bytes(b"executable")
+    (folder / "README.txt").write_text("the user's")
+    (folder / "sub").mkdir()
+    (folder / "sub" / f"{ENTRY}-cache").write_text("nested")
+    outside = user_files(tmp_path / "thesis")
+    (folder / f"jit_g-{'1' * 64}-cache").symlink_to(tmp_path / "thesis" / "thesis.tex")
+    monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
+    assert cli_main(["clear", "--compilation-cache"]) == 0
+    assert "deleted 2 compiled executables" in capsys.readouterr().out
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", f"jit_g-{'1' * 64}-cache", "sub"]
+    assert (folder / "sub" / f"{ENTRY}-cache").exists()
+    assert {p.name: p.read_text() for p in (tmp_path / "thesis").iterdir()} == outside
+
+
+def test_clear_refuses_a_cache_folder_that_is_a_symlink(tmp_path, monkeypatch, capsys):
+    outside = user_files(tmp_path / "thesis")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / DIRECTORY_NAME).symlink_to(tmp_path / "thesis")
+    monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
+    assert cli_main(["clear", "--compilation-cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "symbolic link" in err[-1] and "nothing deleted" in err[-1]
+    assert {p.name: p.read_text() for p in (tmp_path / "thesis").iterdir()} == outside

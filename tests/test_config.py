@@ -137,3 +137,61 @@ def test_a_config_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
     config.reset()
     with pytest.raises(ConfigError, match=r"jax_autotune.toml: cannot read config file: UnicodeDecodeError"):
         config.get("mode")
+
+
+BROKEN_NOT_OURS = ['[project]\nname = "x\n', '[project]\ndependencies = ["jax_autotune>=0.1"\n',
+                   '[jax_autotune]\nmode = "off"\n[project\n', b'[project]\nname = "caf\xe9"\n']
+BROKEN_OURS = ['[tool.jax_autotune]\nmode = "cached\n', '[ tool . "jax_autotune" ]\nmode = cached\n',
+               '[project\ntool.jax_autotune.mode = "cached"\n',
+               '[tool]\njax_autotune = {mode = "cached"\n', b'[tool.jax_autotune]\nmode = "caf\xe9"\n']
+
+
+def write(path, text):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.mark.parametrize("text", BROKEN_NOT_OURS)
+def test_a_broken_pyproject_without_our_table_is_skipped_silently(tmp_path, monkeypatch, text):
+    import warnings
+    write(tmp_path / "pyproject.toml", '[tool.jax_autotune]\nmode = "off"\n')
+    inner = tmp_path / "other_project"
+    inner.mkdir()
+    write(inner / "pyproject.toml", text)
+    monkeypatch.chdir(inner)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert config.resolve("mode") == ("off", str(tmp_path / "pyproject.toml"))
+
+
+@pytest.mark.parametrize("text", BROKEN_OURS)
+def test_a_broken_pyproject_that_may_hold_our_table_gives_one_warning_and_the_defaults(
+        tmp_path, monkeypatch, text):
+    write(tmp_path / "pyproject.toml", '[tool.jax_autotune]\nmode = "off"\n')
+    inner = tmp_path / "project"
+    inner.mkdir()
+    write(inner / "pyproject.toml", text)
+    monkeypatch.chdir(inner)
+    with pytest.warns(config.ConfigWarning, match=r"project/pyproject.toml may hold \[tool.jax_autotune\]") as seen:
+        assert config.resolve("mode") == ("tune", "default")
+        (inner / "sub").mkdir()
+        monkeypatch.chdir(inner / "sub")  # another folder under it: the same file, no new warning
+        assert [config.get(name) for name in ("mode", "level")] == ["tune", "balanced"]
+    assert len(seen) == 1
+
+
+def test_a_matmul_under_a_broken_pyproject_runs(tmp_path, monkeypatch):
+    import jax
+    import jax.numpy as jnp
+    import jax_autotune as jat
+    write(tmp_path / "pyproject.toml", '[tool.jax_autotune]\nlevel = "full\n')
+    monkeypatch.setenv("JAX_AUTOTUNE_MODE", "off")  # level still comes from the file
+    with pytest.warns(config.ConfigWarning):
+        out = jax.jit(jat.matmul)(jnp.ones((3, 4)), jnp.ones((4, 2)))
+    assert out.tolist() == [[4.0, 4.0]] * 3
+
+
+def test_a_broken_jax_autotune_toml_is_a_config_error_naming_it(tmp_path):
+    write(tmp_path / "pyproject.toml", '[tool.jax_autotune]\nmode = "off"\n')
+    write(tmp_path / "jax_autotune.toml", 'mode = "cached\n')
+    with pytest.raises(ConfigError, match=r"jax_autotune.toml: cannot read config file: TOMLDecodeError"):
+        config.get("mode")

@@ -5,6 +5,9 @@ transposed reads, batch) but not Triton's compiler: num_warps/num_stages and the
 TF32 path are only exercised on the device (tests/test_gpu_device.py).
 """
 
+import dataclasses
+import os
+
 import numpy as np
 import pytest
 
@@ -400,4 +403,52 @@ def test_the_library_search_starts_with_the_one_already_mapped(monkeypatch, tmp_
         maps if path == "/proc/self/maps" else path, *a, **kw))
     paths = cublaslt.library_paths()
     assert paths[0] == "/opt/xla/nvidia/cu13/lib/libcublasLt.so.13"
-    assert paths[-1] == "libcublasLt.so" and "/usr/lib/libc.so.6" not in paths
+    assert "/usr/lib/libc.so.6" not in paths
+    assert cublaslt.library_sources()[0] == (paths[0], cublaslt.MAPPED)
+
+
+def fake_wheel(root):
+    """A folder holding what an nvidia-* wheel installs: nvidia/cublas/lib/libcublasLt.so.13."""
+    lib = root / "nvidia" / "cublas" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcublasLt.so.13").write_bytes(b"\x7fELF not really")
+    return str(lib / "libcublasLt.so.13")
+
+
+def test_a_library_in_the_working_directory_is_never_a_candidate(monkeypatch, tmp_path):
+    import importlib
+    planted = fake_wheel(tmp_path / "cwd")
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.syspath_prepend(str(tmp_path / "cwd"))  # a script's folder is on sys.path
+    monkeypatch.syspath_prepend("")  # as under python -c / -m: the working directory
+    importlib.invalidate_caches()
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **kw: real_open(
+        os.devnull if path == "/proc/self/maps" else path, *a, **kw))
+    assert planted not in cublaslt.library_paths()
+    assert not any(path.startswith(str(tmp_path)) or not os.path.isabs(path)
+                   for path in cublaslt.library_paths())  # no soname the loader would search for
+    # the same files installed in site-packages are found there
+    monkeypatch.setattr(cublaslt, "site_packages", lambda: [str(tmp_path / "site-packages")])
+    installed = fake_wheel(tmp_path / "site-packages")
+    assert cublaslt.library_sources() == [(installed, cublaslt.WHEEL)]
+
+
+def test_site_packages_are_the_interpreters_own():
+    import site
+    roots = cublaslt.site_packages()
+    assert roots and all(os.path.isabs(root) for root in roots)
+    assert os.path.realpath(site.getsitepackages()[0]) in roots
+    assert os.path.realpath(os.getcwd()) not in roots
+
+
+def test_explain_says_which_cublaslt_this_process_loaded(fresh_tuning, capsys):
+    from jax_autotune.cli.table import explain_lines
+    from jax_autotune.tuning.decision import CandidateResult, Decision
+    problem = MatmulProblem(1, 8, 8, 8, "bfloat16", "bfloat16", "bfloat16")
+    decision = Decision(key=problem.key(), problem=problem, winner="cublaslt_algo0",
+                        results=(CandidateResult("cublaslt_algo0", "ok", score=1e-5),))
+    lines = explain_lines("gpu-H200-mem139", decision)
+    assert "cublaslt   not loaded: no CUDA device in this process" in lines  # on this CPU host
+    assert not any(line.startswith("cublaslt ") for line in explain_lines(
+        "gpu-H200-mem139", dataclasses.replace(decision, winner="xla_dot", results=())))

@@ -171,6 +171,62 @@ def test_wrong_operands_are_value_errors_naming_the_argument():
         native.gemm(lhs, rhs, problem, tile=7)
 
 
+GOOD_ATTRIBUTES = dict(transpose_a=0, transpose_b=0, isa=0, threads=1)
+BAD_ATTRIBUTES = dict(transpose_a=[2, -1, 2**32], transpose_b=[2, -1], isa=[3, -1, 2**32],
+                      threads=[-1, 2**31, 2**32, 2**63 - 1], tile=[2, -1, 2**32])
+
+
+def _handler_cases():
+    """(target, problem, its good attributes) for every matmul target of the module."""
+    cases = [(native.SMALL_TARGET, make_problem(2, 3, 4, 5), GOOD_ATTRIBUTES),
+             (native.GEMV_TARGET, make_problem(2, 7, 1, 5), GOOD_ATTRIBUTES),
+             (native.GEMM_TARGET, make_problem(2, 7, 6, 5), dict(GOOD_ATTRIBUTES, tile=0))]
+    if native.blas_available():
+        cases.append((native.BLAS_TARGET, make_problem(2, 7, 6, 5),
+                      {k: v for k, v in GOOD_ATTRIBUTES.items() if k != "isa"}))
+    return cases
+
+
+def _call_handler(target, problem, attributes):
+    lhs, rhs = random_operands(problem)
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(problem.out_shape, np.float32))
+    out = jax.jit(lambda a, b: call(a, b, **{k: np.int64(v) for k, v in attributes.items()}))(
+        lhs, rhs)
+    return lhs, rhs, np.asarray(out)
+
+
+@pytest.mark.parametrize("target,problem,good", _handler_cases(), ids=lambda c: str(c)[:22])
+def test_every_attribute_out_of_range_is_an_ffi_error_never_a_result(target, problem, good):
+    for name, value in ((n, v) for n, values in BAD_ATTRIBUTES.items() if n in good
+                        for v in values):
+        with pytest.raises(Exception, match=f"{target}: attribute {name} must be .*got {value}"):
+            _call_handler(target, problem, dict(good, **{name: value}))
+    # the largest thread count a call may ask for runs, on the threads that are here
+    lhs, rhs, out = _call_handler(target, problem, dict(good, threads=_native.max_threads_attribute))
+    np.testing.assert_allclose(out, lhs.astype(np.float64) @ rhs, rtol=1e-5, atol=1e-5)
+
+
+def test_the_wrappers_refuse_a_thread_count_the_handlers_would_refuse():
+    problem = make_problem(1, 4, 5, 6)
+    with pytest.raises(ValueError, match="threads: expected 0 .* up to 65536, got 2147483648"):
+        native.gemm(*random_operands(problem), problem, threads=2**31)
+
+
+@pytest.mark.parametrize("f32,attributes,refused", [
+    (True, (0, 0, 1, 0), ""), (False, (1, 1, 0, 7), ""),
+    (True, (2, 0, 1, 0), "transpose_a must be 0 or 1, got 2"),
+    (True, (0, -1, 1, 0), "transpose_b must be 0 or 1, got -1"),
+    (True, (0, 0, 2, 0), "tf32 must be 0 or 1, got 2"),
+    (False, (0, 0, 1, 0), "tf32 must be 0 (TF32 is for float32 operands), got 1"),
+    (True, (0, 0, 0, 8), "algorithm must be 0 to 7, got 8"),
+    (True, (0, 0, 0, -1), "algorithm must be 0 to 7, got -1"),
+    (True, (0, 0, 0, 2**32), "algorithm must be 0 to 7, got 4294967296")])
+def test_the_cublaslt_handler_checks_every_attribute_first(f32, attributes, refused):
+    # the handler's own check (it needs a GPU stream to be called through XLA)
+    error = _native.cublaslt_attribute_error(f32, *attributes)
+    assert error == (refused and f"jax_autotune_cublaslt: attribute {refused}")
+
+
 def _run_python(body: str, isa_override: str = "") -> str:
     """Runs ``body`` in a fresh interpreter with JAX_AUTOTUNE_NATIVE_ISA set; its stdout."""
     env = dict(os.environ, JAX_AUTOTUNE_NATIVE_ISA=isa_override)

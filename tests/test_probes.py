@@ -85,3 +85,19 @@ def test_cpu_probes_measure_the_fma_peak_and_copy_bandwidth_natively(store):
     bandwidth = cpu._probe_bandwidth(1 << 20)
     assert 1e9 < compute.value < 1e14 and compute.launches <= 10
     assert 1e8 < bandwidth.value < 1e13 and bandwidth.launches <= 10
+
+
+@pytest.mark.parametrize("row", [{"value": "abc", "launches": 1, "seconds": 0.1},
+                                 {"value": True, "launches": 1, "seconds": 0.1},
+                                 {"value": 1e12, "launches": "many", "seconds": 0.1},
+                                 {"value": 1e12, "launches": 1, "seconds": [1]},
+                                 {"value": float("inf"), "launches": 1, "seconds": 0.1}])
+def test_a_hand_edited_probe_row_is_measured_again_and_replaced(store, row):
+    probes.forget_measurements()
+    store.put(probes.throughput_namespace(CPU.fingerprint), "compute/x", probes.PROBE_VERSION, row)
+    got = Probes(CPU, jax.devices("cpu")[0], timer=None, store=store).get(
+        "compute/x", lambda: ProbeResult(42.0, 7, 0.1))
+    assert got == ProbeResult(42.0, 7, 0.1)
+    assert store.get(probes.throughput_namespace(CPU.fingerprint), "compute/x",
+                     probes.PROBE_VERSION)["value"] == 42.0
+    probes.forget_measurements()

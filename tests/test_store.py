@@ -320,6 +320,30 @@ def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
     assert path.read_bytes() == garbage  # the user's file is left alone
 
 
+@pytest.mark.parametrize("fifo", ["default.db", "default.db-wal"])
+def test_a_database_that_is_a_fifo_means_memory_only_and_never_waits(tmp_path, fifo):
+    if fifo != "default.db":  # beside a real database
+        with TuneStore(tmp_path / "default.db") as real:
+            real.put(NS, "k", "c", {"x": 1})
+    os.mkfifo(tmp_path / fifo)
+    code = textwrap.dedent("""
+        import sys, warnings
+        from jax_autotune.tuning.store import TuneStore
+        s = TuneStore(sys.argv[1])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            s.put("ns", "k", "c", {"x": 1})
+            print(s.get("ns", "k", "c"), s.available, len(seen))
+        print(s.check())
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "default.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = done.stdout.splitlines()
+    assert first == "None False 1"
+    assert second.endswith(f"{tmp_path / fifo}: not a regular file (a FIFO)")
+
+
 def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
     store.put(NS, "good", "c", {"x": 1})
     with sqlite3.connect(store.path) as raw:
@@ -335,6 +359,26 @@ def test_a_row_with_bad_json_is_skipped_with_one_warning(store):
     assert store.available
     store.put(NS, "bad", "c", {"fixed": True})
     assert store.get(NS, "bad", "c") == {"fixed": True}
+
+
+@pytest.mark.parametrize("where, value", [(("results", 0, "score"), "abc"), (("problem", "m"), -3),
+                                          (("key",), "m=1"), (("results", 0, "name"), 1)])
+def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tmp_path, where, value):
+    from test_cli_table import edit_row
+    from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
+    from jax_autotune.tables.install import table
+
+    tuned = tuned_tuner(TuneStore(tmp_path / "default.db"))
+    edit_row(tuned.store, tuned.namespace, PROBLEM_A.key().canonical(), where, value)
+    tuner = make_tuner(TuneStore(tmp_path / "default.db"))  # a new process
+    with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row") as seen:
+        assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
+        assert [d.key for _, d in table(tuners=[tuner]).entries()] == [PROBLEM_B.key()]
+        assert tuner.select(PROBLEM_A, mode="cached").source == "fallback"  # never the bad row
+    assert len(store_warnings(seen)) == 1
+    decision = tuner.select(PROBLEM_A)  # mode tune: tuned again, and the row replaced
+    assert decision.source == "tuned" and decision.winner == "fast"
+    assert make_tuner(TuneStore(tmp_path / "default.db")).select(PROBLEM_A).source == "store"
 
 
 def test_values_are_stored_as_plain_json_text(store):

@@ -4,7 +4,10 @@ import copy
 import dataclasses
 import functools
 import json
+import os
 import pickle
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -20,6 +23,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tables import table_file
 from jax_autotune.tables.install import load_table, read_table, table
 from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
                                             TuneTableWarning)
@@ -197,8 +201,10 @@ def _set(path_in_entry, value):
     (_set(["entries", 0, "results", 0, "outcome"], "great"), "results[0].outcome"),
     (_set(["entries", 0, "key", "m"], "big"), "'m'"),
     (_set(["entries", 0, "problem"], None), "entries[0].problem"),
+    (_set(["entries", 0, "tuning_seconds"], 10**400), "entries[0].tuning_seconds"),
+    (_set(["entries", 0, "results", 0, "score"], -10**400), "results[0].score"),
 ], ids=["created", "devices", "checksum", "candidates", "candidate-name", "winner",
-        "timestamp", "samples", "outcome", "key-field", "problem"])
+        "timestamp", "samples", "outcome", "key-field", "problem", "huge-int", "huge-score"])
 def test_a_field_of_the_wrong_type_is_an_error_naming_the_field(store, tmp_path, mutate, field):
     data = table(tuners=[tuned_tuner(store)]).to_json()
     mutate(data)
@@ -406,6 +412,89 @@ def test_counts_over_their_caps_are_refused_naming_the_cap(monkeypatch, limit, p
     monkeypatch.setitem(LIMITS, limit, len(target) - 1)
     with pytest.raises(TuneTableError, match=f"over the cap of {len(target) - 1:,} {limit}"):
         TuneTable.from_json(data)
+
+
+class Unread:
+    """A file whose text may not be read (only its descriptor, to stat it)."""
+
+    def __init__(self, f):
+        self.file = f
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def read(self, *_):
+        raise AssertionError("the text was read")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def test_a_file_over_the_text_cap_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(LIMITS["bytes of text"] + 1)  # sparse: costs no disk
+    opened = table_file.open_regular
+    monkeypatch.setattr(table_file, "open_regular", lambda p: Unread(opened(p)))
+    with pytest.raises(TuneTableError, match=f"over the cap of {LIMITS['bytes of text']:,} bytes"):
+        TuneTable.load(path)
+
+
+@pytest.mark.parametrize("text", ['{"schema": [' + "0.0," * 999 + "0.0]}",
+                                  '{"schema": [' + "[]," * 999 + "[]]}",
+                                  '{"schema": {' + ", ".join(f'"k{i}": {{}}' for i in range(999)) + "}}"])
+def test_too_many_values_are_refused_before_parsing(tmp_path, monkeypatch, text):
+    path = tmp_path / "values.json"
+    path.write_text(text)
+    monkeypatch.setitem(LIMITS, "JSON values", 900)
+    monkeypatch.setattr(json, "loads", None)  # parsing would fail
+    for load in (lambda: TuneTable.load(path), lambda: TuneTable.loads(text),
+                 lambda: TuneTable.loads(text.encode())):
+        with pytest.raises(TuneTableError, match="over the cap of 900 JSON values"):
+            load()
+
+
+def test_a_real_table_as_large_as_the_text_cap_stays_under_the_value_cap():
+    text = TuneTable.from_json(exported_json()).dumps()
+    values = sum(text.count(mark) for mark in ",[{")
+    assert values * LIMITS["bytes of text"] / len(text) < LIMITS["JSON values"]
+
+
+def test_the_error_for_a_huge_value_quotes_only_its_start():
+    data = exported_json()
+    for where in ("schema", "candidates", "samples"):
+        bad = copy.deepcopy(data)
+        huge = [list(range(10))] * 100_000
+        if where == "schema":
+            bad["schema"] = huge
+        elif where == "candidates":
+            bad["devices"][CPU.fingerprint]["candidates"] = [huge]
+        else:
+            bad["devices"][CPU.fingerprint]["entries"][0]["results"][0]["samples"] = [huge]
+        with pytest.raises(TuneTableError, match=r"got \[\[0, 1, 2, 3, \.\.\.\]") as info:
+            TuneTable.from_json(bad, origin="t.json")
+        assert len(str(info.value)) < 300
+
+
+def test_only_a_regular_file_is_read_as_a_table_and_a_fifo_is_never_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo.json")
+    code = ("import sys, jax_autotune as jat\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        jat.load_table(path)\n"
+            "    except OSError as err:\n"
+            "        print(type(err).__name__, err)\n")
+    paths = [str(tmp_path / "fifo.json"), "/dev/zero", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "c")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        f"NotARegularFileError {paths[0]}: not a regular file (a FIFO)",
+        "NotARegularFileError /dev/zero: not a regular file (a character device)",
+        f"NotARegularFileError {paths[2]}: not a regular file (a folder)"]
 
 
 def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_named(tmp_path):

@@ -21,6 +21,7 @@ import functools
 import sys
 
 import jax_autotune.config as config
+from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.tables.install import (clear_decisions, install_table, read_table, stored_devices,
                                          table)
 from jax_autotune.tables.summary import SummaryRow, key_id
@@ -103,6 +104,8 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
     if decision.export_kernel:
         why = f" ({decision.export_reason})" if decision.export_reason else ""
         lines.append(f"exported   {decision.export_kernel}{why}")
+    if any(r.name.startswith("cublaslt") or "_cublaslt" in r.name for r in decision.results):
+        lines.append(f"cublaslt   {cublaslt.describe()}")  # this process's library
     header = ("", "candidate", "outcome", "round", "samples", "score", "pruned", "rel_error", "error")
     cells = [header]
     for r in sorted(decision.results, key=lambda r: (r.score is None, r.score or 0.0, r.name)):

@@ -26,7 +26,7 @@ from jax_autotune.tuners import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
 from jax_autotune.tuning.store import TuneStore, open_store
-from jax_autotune.tuning.tuner import Installed, Tuner
+from jax_autotune.tuning.tuner import Installed, Tuner, stored_decision
 
 _NAMED_REJECTIONS = 3  # rejected entries a warning names one by one
 
@@ -96,26 +96,25 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
 
     prefix = current_decision_prefix()
     with stores_in_use(tuners) as stores:
-        rows = [row for store in stores for row in store.entries(namespace_prefix=prefix)]
+        rows = [(store, row) for store in stores for row in store.entries(namespace_prefix=prefix)]
     by_device: dict[str, list] = {}
-    for row in rows:
+    for store, row in rows:
         namespace = DecisionNamespace.parse(row.namespace)
         if namespace is not None:
-            by_device.setdefault(namespace.device, []).append(row)
+            by_device.setdefault(namespace.device, []).append((store, row))
     for fingerprint, device_rows in by_device.items():
         if fingerprint in sections:
             checksum = sections[fingerprint][0]
         else:
-            checksum = max(device_rows, key=lambda r: r.updated).checksum
+            checksum = max(device_rows, key=lambda pair: pair[1].updated)[1].checksum
         found = decisions.setdefault(fingerprint, {})
         names: set[str] = set()
-        for row in device_rows:
+        for store, row in device_rows:
             if row.checksum != checksum:
                 continue
-            try:
-                decision = Decision.from_json(row.value)
-            except (ValueError, TypeError, KeyError, AttributeError):
-                continue  # a damaged row: the tuner re-tunes it too
+            decision = stored_decision(store, row.namespace, row.key, row.checksum, row.value)
+            if decision is None:
+                continue  # a damaged row (one warning): the tuner re-tunes it too
             names.update([decision.winner, *(r.name for r in decision.results)])
             found.setdefault(decision.key, dataclasses.replace(
                 decision.with_source("store"), device=fingerprint, checksum=checksum))

@@ -21,7 +21,8 @@ File format (``schema_version`` 1; JSON only, nothing is ever unpickled)::
 Loading validates: text that is not UTF-8 JSON (or nested too deep to parse), another
 schema or schema version, a field of the wrong type, or a table over its caps raise
 ``TuneTableError`` naming the field; ``LIMITS`` caps what an untrusted table can carry
-(string length, counts, size). An entry this build cannot
+(string length, counts; its size and JSON values before it is parsed). Only a regular
+file is read (``jax_autotune.files.open_regular``). An entry this build cannot
 use is skipped, with ONE ``TuneTableWarning`` per load giving the count: its checksum
 differs from its device's, its winner is not among its device's candidates, or (for a
 device whose candidate set the reader passes in as ``known``) the device's checksum or
@@ -56,7 +57,9 @@ import jax
 from jax_autotune._version import __version__
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
-from jax_autotune.tables.validation import LIMITS, TuneTableError, cap, field, parse_entry
+from jax_autotune.files import open_regular
+from jax_autotune.tuning.validation import (LIMITS, TuneTableError, cap, check_text_size, field,
+                                            parse_entry, shown)
 from jax_autotune.tuning.decision import Decision
 
 __all__ = ["LIMITS", "SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "TuneTable",
@@ -258,23 +261,31 @@ class TuneTable:
             >>> TuneTable.load("tune_table.json")
             TuneTable(1 devices, 12 entries)
         """
-        path = path if hasattr(path, "open") else Path(os.fspath(path))  # or an epath.Path
-        with path.open("rb") as f:
-            raw = f.read(LIMITS["bytes of text"] + 1)
-        return cls.loads(raw, known=known, origin=str(path))
+        origin = str(path)
+        local = isinstance(path, (str, os.PathLike)) and not (
+            hasattr(path, "open") and "://" in os.fspath(path))  # not an epath.Path of a bucket
+        if local:  # a regular file, its size checked before it is read
+            with open_regular(path) as f:
+                cap(os.fstat(f.fileno()).st_size, "bytes of text", origin, "")
+                raw = f.read(LIMITS["bytes of text"] + 1)
+        else:
+            with path.open("rb") as f:
+                raw = f.read(LIMITS["bytes of text"] + 1)
+        check_text_size(raw, origin)
+        text = _decoded(raw, origin)
+        del raw  # parse with one copy of the text alive
+        return cls.loads(text, known=known, origin=origin)
 
     @classmethod
     def loads(cls, text: str | bytes, *, known: Mapping[str, CandidateSetInfo] | None = None,
               origin: str = "tune table") -> "TuneTable":
-        """Parse and validate JSON text; ``origin`` names the source in errors and warnings."""
-        cap(len(text), "bytes of text", origin, "")
+        """Parse and validate JSON text; ``origin`` names the source in errors and warnings.
+        Its size and value count are capped before it is parsed (``check_text_size``)."""
+        check_text_size(text, origin)
         try:
-            if isinstance(text, bytes):
-                text = text.decode("utf-8")
-            data = json.loads(text)
-        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-            raise TuneTableError(f"{origin}: not a JSON tune table in UTF-8 "
-                                 f"({type(err).__name__}: {str(err)[:200]})") from None
+            data = json.loads(_decoded(text, origin))
+        except (ValueError, RecursionError) as err:
+            raise _not_json(origin, err) from None
         return cls.from_json(data, known=known, origin=origin)
 
     @classmethod
@@ -289,12 +300,24 @@ class TuneTable:
 
 # ---------------------------------------------------------------- validation
 
+def _not_json(origin: str, err: BaseException) -> TuneTableError:
+    return TuneTableError(f"{origin}: not a JSON tune table in UTF-8 "
+                          f"({type(err).__name__}: {str(err)[:200]})")
+
+
+def _decoded(text: str | bytes, origin: str) -> str:
+    try:
+        return text.decode("utf-8") if isinstance(text, bytes) else text
+    except UnicodeDecodeError as err:
+        raise _not_json(origin, err) from None
+
+
 def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -> TuneTable:
     if not isinstance(data, dict):
         raise TuneTableError(f"{origin}: expected a JSON object at the top, got {type(data).__name__}")
     schema = data.get("schema")
     if schema != SCHEMA:
-        raise TuneTableError(f"{origin}: schema: expected {SCHEMA!r}, got {schema!r}")
+        raise TuneTableError(f"{origin}: schema: expected {SCHEMA!r}, got {shown(schema)}")
     version = field(data, "schema_version", int, "", origin)
     if version != SCHEMA_VERSION:
         raise TuneTableError(f"{origin}: schema_version: this build reads version {SCHEMA_VERSION}, "
@@ -316,7 +339,7 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
         cap(len(candidates), "candidates per device", origin, f"{where}candidates")
         for i, name in enumerate(candidates):
             if not isinstance(name, str):
-                raise TuneTableError(f"{origin}: {where}candidates[{i}]: expected a string, got {name!r}")
+                raise TuneTableError(f"{origin}: {where}candidates[{i}]: expected a string, got {shown(name)}")
         raw_entries = field(raw, "entries", list, where, origin)
         cap(len(raw_entries), "entries per device", origin, f"{where}entries")
         this_build = known_sets.get(fingerprint)

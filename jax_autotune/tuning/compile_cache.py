@@ -22,6 +22,7 @@ another key.
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import jax
@@ -77,9 +78,25 @@ def disable() -> None:
         _ours = None
 
 
+# JAX's entries (jax._src.lru_cache): "<module name>-<sha256 hex>" + "-cache" (the
+# executable) or "-atime" (its last use, when eviction is on); older jax: no suffix
+_ENTRY = re.compile(r".+-[0-9a-f]{64}(-cache|-atime)?")
+
+
+def is_entry(name: str) -> bool:
+    """Whether a file name is one JAX's persistent compilation cache writes.
+
+        >>> is_entry("jit_matmul-" + "0" * 64 + "-cache"), is_entry("thesis.tex")
+        (True, False)
+    """
+    return _ENTRY.fullmatch(name) is not None
+
+
 def clear(directory: str) -> int:
-    """Delete the cache files in ``directory`` (this package's folder for a store, never a
-    folder the user gave JAX); returns how many were deleted.
+    """Delete JAX's cache entries in ``directory`` (this package's folder for a store, never
+    a folder the user gave JAX); returns how many executables were deleted. Other files,
+    links and folders in it are left alone, and a ``directory`` that is itself a symbolic
+    link is refused: nothing is ever deleted outside the folder.
 
         >>> clear(directory_for(config.get("cache_dir")))
         41
@@ -91,12 +108,24 @@ def clear(directory: str) -> int:
     if configured and os.path.abspath(configured) == os.path.abspath(directory) and configured != _ours:
         raise ValueError(f"{directory} is JAX's cache as the user configured it "
                          f"(jax_compilation_cache_dir); clear it yourself")
+    try:  # O_NOFOLLOW: the folder itself may not be a link (checked and opened at once)
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    except OSError as err:
+        if os.path.islink(directory):
+            raise ValueError(f"{directory} is a symbolic link (to {os.readlink(directory)}); "
+                             f"nothing deleted: remove the link, or clear its target "
+                             f"yourself") from None
+        raise
     deleted = 0
-    if os.path.isdir(directory):
-        for entry in os.scandir(directory):
-            if entry.is_file(follow_symlinks=False):
-                os.remove(entry.path)
-                deleted += 1
+    try:
+        for entry in os.scandir(folder):
+            if is_entry(entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.name, dir_fd=folder)
+                deleted += not entry.name.endswith("-atime")
+    finally:
+        os.close(folder)
     return deleted
 
 

@@ -27,6 +27,7 @@ each probe runs once per device, shared by all keys.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import threading
 import time
@@ -66,6 +67,16 @@ class ProbeResult:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _stored_result(stored: dict) -> ProbeResult | None:
+    """A stored probe row as a ProbeResult: a finite positive value and counts that are
+    numbers (a hand-edited row otherwise, measured again and replaced)."""
+    fields = [stored.get("value"), stored.get("launches", 0), stored.get("seconds", 0.0)]
+    if not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
+               for f in fields) or not fields[0] > 0:
+        return None
+    return ProbeResult(float(fields[0]), int(fields[1]), float(fields[2]))
 
 
 def sample_launch_overhead(sample: Callable[[], tuple[float, int]], *, max_launches: int = LAUNCH_MAX,
@@ -164,10 +175,8 @@ class Probes:
             if (self.namespace, name) in _MEASURED:
                 return _MEASURED[(self.namespace, name)]
             stored = self.store.get(self.namespace, name, PROBE_VERSION)
-            if stored is not None and isinstance(stored.get("value"), (int, float)) and stored["value"] > 0:
-                result = ProbeResult(float(stored["value"]), int(stored.get("launches", 0)),
-                                     float(stored.get("seconds", 0.0)))
-            else:
+            result = None if stored is None else _stored_result(stored)
+            if result is None:  # missing, or a row that is not a measurement: measure again
                 with jax.transfer_guard("allow"):
                     result = measure()
                 counters.bump("probe_launches", result.launches)

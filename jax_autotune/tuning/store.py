@@ -31,7 +31,8 @@ once. The store never raises for disk trouble: if the database cannot be opened,
 written (read-only directory, a file that is not a database, a full disk ...), it emits one
 :class:`JaxAutotuneStoreWarning` naming the path and the error and from then on behaves as
 a memory-only store (reads miss, writes are dropped; the tuner's in-memory table keeps the
-decisions). A row whose value is not a JSON object is skipped, with one warning per store.
+decisions). A row whose value is not a JSON object is skipped, with one warning per store;
+so is a decision row that breaks a tune-table entry's rules (``tuner.stored_decision``).
 
 A database this process may not write (a shared or deployed cache: the file or its folder
 is read-only) is opened read-only, with one warning: its rows are read, writes are
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jax_autotune.config as config
+from jax_autotune.files import check_regular
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "JaxAutotuneStoreWarning", "StoreEntry", "TuneStore", "open_store"]
 
@@ -202,6 +204,8 @@ class TuneStore:
             self._conn = None  # inherited across fork: never use (or close) the parent's
         if self._conn is not None:
             return self._conn
+        for name in (self._path.name, f"{self._path.name}-wal", f"{self._path.name}-shm"):
+            check_regular(self._path.with_name(name))  # SQLite's open would block on a FIFO
         exists = self._path.exists()
         if not create and not exists:
             return None
@@ -289,14 +293,22 @@ class TuneStore:
                 raise ValueError(f"expected a JSON object, got {type(value).__name__}")
             return value
         except (TypeError, ValueError, RecursionError) as err:
-            if not self._warned_bad_row:
-                self._warned_bad_row = True
-                warnings.warn(f"jax_autotune: skipping a bad row in the tune store database "
-                              f"{self._path} (namespace={namespace!r}, key={key!r}, "
-                              f"checksum={checksum!r}): {err}. That entry is treated as "
-                              f"missing; decisions stay in memory until it is re-tuned.",
-                              JaxAutotuneStoreWarning, stacklevel=3)
+            self.skip_row(namespace, key, checksum, str(err))
             return None
+
+    def skip_row(self, namespace: str, key: str, checksum: str, reason: str) -> None:
+        """Warn, once per store, that a row is treated as missing: its value is not a JSON
+        object, or not a record its reader accepts (``tuner.stored_decision``).
+
+            >>> store.skip_row(ns, "k1", "c1", "results[0].score: expected a number")
+        """
+        if not self._warned_bad_row:
+            self._warned_bad_row = True
+            warnings.warn(f"jax_autotune: skipping a bad row in the tune store database "
+                          f"{self._path} (namespace={namespace!r}, key={key!r}, "
+                          f"checksum={checksum!r}): {reason}. That entry (and any other bad "
+                          f"row of this database) is treated as missing until it is re-tuned.",
+                          JaxAutotuneStoreWarning, stacklevel=4)
 
     # -- API ----------------------------------------------------------------------------
 

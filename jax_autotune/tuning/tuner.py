@@ -57,6 +57,7 @@ from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore, open_store
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import Timer, checked_problem, random_operands, timer_for
+from jax_autotune.tuning.validation import TuneTableError, parse_entry
 
 class PhaseClock:
     """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
@@ -75,6 +76,20 @@ class PhaseClock:
 
 class KeyNotTunedError(RuntimeError):
     """Mode ``require`` met a key that is not in the tune table."""
+
+
+def stored_decision(store: TuneStore, namespace: str, key: str, checksum: str,
+                    value: dict) -> Decision | None:
+    """A store row's value as a Decision when it meets the rules of a tune-table entry
+    (``validation.parse_entry``); None, with the store's one bad-row warning, otherwise.
+
+        >>> stored_decision(store, entry.namespace, entry.key, entry.checksum, entry.value)
+    """
+    try:
+        return parse_entry(value, "", "value")
+    except TuneTableError as err:
+        store.skip_row(namespace, key, checksum, str(err))
+        return None
 
 
 _recorders: list[list] = []
@@ -179,11 +194,8 @@ class Tuner:
         """(the stored decision, '') or (None, why the stored entry was rejected: '' for a
         plain miss). A rejected entry warns once per key."""
         data = self.store.get(self.namespace, key.canonical(), self.checksum)
-        if data is None:
-            return None, ""
-        try:
-            decision = Decision.from_json(data)
-        except Exception:  # noqa: BLE001 - a damaged value is a miss: re-tune
+        decision = None if data is None else self._stored(key.canonical(), data)
+        if decision is None:  # missing, or a damaged value: a miss, re-tuned
             return None, ""
         reason = self.unusable(decision, key)
         if reason:
@@ -198,10 +210,11 @@ class Tuner:
     def _usable(self, data: dict, key: MatmulKey) -> bool:
         """Whether a stored value is a decision this build can run for ``key`` (a stored
         value that is not is tuned again and replaced)."""
-        try:
-            return not self.unusable(Decision.from_json(data), key)
-        except Exception:  # noqa: BLE001 - a damaged value
-            return False
+        decision = self._stored(key.canonical(), data)
+        return decision is not None and not self.unusable(decision, key)
+
+    def _stored(self, key_string: str, data: dict) -> Decision | None:
+        return stored_decision(self.store, self.namespace, key_string, self.checksum, data)
 
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
                mode: str | None = None) -> Decision:
@@ -328,11 +341,9 @@ class Tuner:
         for entry in self.store.entries(self.namespace):
             if entry.checksum != self.checksum:
                 continue
-            try:
-                decision = Decision.from_json(entry.value)
-            except ValueError:
-                continue
-            known.setdefault(decision.key, decision.with_source("store"))
+            decision = self._stored(entry.key, entry.value)
+            if decision is not None:
+                known.setdefault(decision.key, decision.with_source("store"))
         return list(known.values())
 
     def use_store(self, store: TuneStore) -> None:

@@ -38,6 +38,7 @@ from jax_autotune.problem import MatmulProblem
 ISA_CODES = {"portable": 0, "avx2": 1, "avx512": 2}
 SUPPORTED_DTYPES = frozenset({"float32", "float64"})
 SMALL_MAX_DIM: int = _native.small_max_dim
+MAX_THREADS_ATTRIBUTE: int = _native.max_threads_attribute  # the handlers refuse more
 
 NOOP_TARGET = "jax_autotune_noop"
 SMALL_TARGET = "jax_autotune_small"
@@ -153,8 +154,9 @@ def _check_operands(lhs: Any, rhs: Any, problem: MatmulProblem, caller: str) -> 
 def _matmul_call(target: str, lhs: Any, rhs: Any, problem: MatmulProblem, threads: int,
                  **extra: int):
     """``target`` on canonical operands; every attribute is passed as an int64."""
-    if not isinstance(threads, (int, np.integer)) or threads < 0:
-        raise ValueError(f"threads: expected 0 (all) or a positive int, got {threads!r}")
+    if not isinstance(threads, (int, np.integer)) or not 0 <= threads <= MAX_THREADS_ATTRIBUTE:
+        raise ValueError(f"threads: expected 0 (all) or a positive int up to "
+                         f"{MAX_THREADS_ATTRIBUTE}, got {threads!r}")
     out = jax.ShapeDtypeStruct(problem.out_shape, np.dtype(problem.out_dtype))
     call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
     attributes = dict(transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,

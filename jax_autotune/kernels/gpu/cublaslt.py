@@ -8,8 +8,10 @@ problem (the last one when it offers fewer), with a ``WORKSPACE_BYTES`` workspac
 XLA allocates as a second result of the call.
 
 The library is not linked: ``available()`` loads the cuBLASLt that XLA's CUDA plugin
-already mapped into the process (else one from the ``nvidia-*`` wheels, else the
-system's), once, and registers the FFI target for the CUDA platform.
+already mapped into the process, else the copy of an installed ``nvidia-*`` wheel in
+site-packages (never one found through ``sys.path``, which holds a script's folder or the
+working directory), once, and registers the FFI target for the CUDA platform;
+``describe()`` says which (``jax-autotune explain`` prints it).
 
     >>> from jax_autotune.kernels.gpu import cublaslt
     >>> if cublaslt.available():
@@ -24,8 +26,9 @@ as XLA's dot does; HIGH and HIGHEST run full f32.
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
+import site
+import sysconfig
 import threading
 
 import jax
@@ -44,29 +47,43 @@ IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
 _lock = threading.Lock()
 _error: str | None = None  # None: not tried yet; "": loaded and registered
 _path = ""  # the library loaded
+_origin = ""  # where it was found
+
+MAPPED, WHEEL = "already mapped by XLA", "an nvidia wheel in site-packages"
 
 
-def library_paths() -> list[str]:
-    """Where to look for cuBLASLt, best first: the one already mapped into this process
-    (XLA's), those of the ``nvidia-*`` wheels, then the sonames the loader resolves."""
-    paths: list[str] = []
+def site_packages() -> list[str]:
+    """The folders installed packages live in (the interpreter's and the user's)."""
+    roots = [*site.getsitepackages(), *(
+        [site.getusersitepackages()] if site.ENABLE_USER_SITE else []),
+        *(sysconfig.get_paths()[name] for name in ("purelib", "platlib"))]
+    return list(dict.fromkeys(os.path.realpath(root) for root in roots))
+
+
+def library_sources() -> list[tuple[str, str]]:
+    """(path, origin) of each cuBLASLt to try, best first: the one already mapped into this
+    process (XLA's), then those of the ``nvidia-*`` wheels in site-packages. Nothing is
+    looked up through ``sys.path`` or the loader's search path, so a library in the
+    working directory is never loaded."""
+    sources: dict[str, str] = {}
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 path = line.split()[-1] if line.strip() else ""
-                if "/libcublasLt.so" in path and path not in paths:
-                    paths.append(path)
+                if "/libcublasLt.so" in path:
+                    sources.setdefault(path, MAPPED)
     except OSError:
         pass
-    try:
-        spec = importlib.util.find_spec("nvidia")  # the namespace package of the wheels
-    except (ImportError, ValueError):
-        spec = None
-    for root in list(spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcublasLt.so*")), reverse=True):
-            if path not in paths:
-                paths.append(path)
-    return paths + ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+    for root in site_packages():
+        pattern = os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")
+        for path in sorted(glob.glob(pattern), reverse=True):
+            sources.setdefault(path, WHEEL)
+    return list(sources.items())
+
+
+def library_paths() -> list[str]:
+    """The paths of ``library_sources()``, best first."""
+    return [path for path, _ in library_sources()]
 
 
 def available() -> bool:
@@ -90,16 +107,17 @@ def _load() -> str:
         import jax_autotune._native as _native
     except ImportError as err:
         return f"the native extension is not built ({err}); see BUILD.md"
-    global _path
+    global _path, _origin
     reasons = []
-    for path in library_paths():
+    for path, origin in library_sources():
         reason = _native.load_cublaslt(path)
         if reason == "":
-            _path = _native.cublaslt_library()
+            _path, _origin = _native.cublaslt_library(), origin
             break
         reasons.append(reason)
     else:
-        return "no cuBLASLt library could be loaded: " + "; ".join(reasons[-3:])
+        return ("no cuBLASLt library could be loaded: " + "; ".join(reasons[-3:]) if reasons else
+                "no cuBLASLt library is mapped into this process or installed in site-packages")
     try:
         for name, capsule in _native.cuda_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
@@ -111,6 +129,18 @@ def _load() -> str:
 def library() -> str:
     """The path of the loaded cuBLASLt ('' when none is, or before ``available()``)."""
     return _path
+
+
+def describe() -> str:
+    """Which cuBLASLt this process uses and where it was found, or why none; loads it
+    where a CUDA device exists.
+
+        >>> cublaslt.describe()
+        '/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublasLt.so.13 (already mapped by XLA)'
+    """
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        return "not loaded: no CUDA device in this process"
+    return f"{_path} ({_origin})" if available() else f"not loaded: {error()}"
 
 
 def supported_dtypes(lhs_dtype: str, rhs_dtype: str, out_dtype: str) -> bool:
@@ -139,6 +169,10 @@ def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0, bias=None, r
         raise ValueError(f"algorithm: expected an int >= 0, got {algorithm!r}")
     if not available():
         raise RuntimeError(f"cublaslt.matmul: {error()}")
+    import jax_autotune._native as _native  # loaded by available()
+    if algorithm >= _native.cublaslt_max_algorithms:  # the handler refuses it too
+        raise ValueError(f"algorithm: expected an int below {_native.cublaslt_max_algorithms}, "
+                         f"got {algorithm!r}")
     if activation not in ACTIVATIONS or (residual is not None and activation != "none"):
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, and none with a residual; "
                          f"got {activation!r}")
@@ -159,5 +193,6 @@ def matmul(lhs, rhs, problem: MatmulProblem, *, algorithm: int = 0, bias=None, r
     return result
 
 
-__all__ = ["TARGET", "EPILOGUE_TARGET", "ACTIVATIONS", "WORKSPACE_BYTES", "available", "error",
-           "library", "library_paths", "matmul", "supported_dtypes"]
+__all__ = ["TARGET", "EPILOGUE_TARGET", "ACTIVATIONS", "WORKSPACE_BYTES", "available", "describe",
+           "error", "library", "library_paths", "library_sources", "matmul", "site_packages",
+           "supported_dtypes"]

@@ -1,27 +1,36 @@
-"""What an untrusted tune table may hold: JSON field types, and caps on its size.
+"""What an untrusted decision record may hold: JSON field types, and caps on its size.
 
-Every check raises ``TuneTableError`` naming the file and the field; ``LIMITS`` bounds
-the strings and counts a table may carry, so a hostile table cannot copy a 200 MB string
-into the store or nest deeper than the checks go.
+The rules of a tune table's entries, which a row of the tune store must also meet
+(``parse_entry``: tables, the store's readers). Every check raises ``TuneTableError``
+naming the file (or database) and the field; ``LIMITS`` bounds the strings and counts a
+table may carry, so a hostile table cannot copy a 200 MB string into the store or nest
+deeper than the checks go.
 
-    >>> from jax_autotune.tables.validation import field, LIMITS
+    >>> from jax_autotune.tuning.validation import LIMITS, parse_entry
     >>> LIMITS["characters per string"]
     4096
+    >>> parse_entry({"winner": 3}, "entries[0].", "t.json")
+    TuneTableError: t.json: entries[0].key: missing (expected an object)
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 from jax_autotune.tuning.decision import OUTCOMES, Decision
 
-__all__ = ["LIMITS", "TuneTableError", "cap", "field", "parse_entry"]
+__all__ = ["LIMITS", "TuneTableError", "cap", "check_text_size", "field", "parse_entry", "shown"]
 
-# what an untrusted table may carry (a cap exceeded is a TuneTableError that names it)
+# What an untrusted table may carry (a cap exceeded is a TuneTableError that names it).
+# A real entry is 5-15 KB of text and ~30 bytes per JSON value (13 or 33 candidates'
+# results), so a table of 4,000 GPU keys is ~60 MB and 2 M values; one model has tens.
+# Size and values are checked before parsing: json.loads costs up to ~60 bytes per value
+# ("[]," is three), so refusing a hostile table costs a few times the text cap at most.
 LIMITS = {"characters per string": 4096, "entries per device": 100_000, "devices": 1024,
           "candidates per device": 1000, "results per entry": 1000, "samples per result": 1000,
-          "bounds fields": 64, "bytes of text": 2**30}
+          "bounds fields": 64, "bytes of text": 2**26, "JSON values": 2**22}
 
 
 class TuneTableError(ValueError):
@@ -42,7 +51,7 @@ def _type_name(expected) -> str:
 def _matches(value: Any, expected) -> bool:
     for kind in expected if isinstance(expected, tuple) else (expected,):
         if kind is _NUMBER:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _fits_float(value):
                 return True
         elif kind in (int, float) and isinstance(value, bool):
             continue
@@ -51,11 +60,32 @@ def _matches(value: Any, expected) -> bool:
     return False
 
 
+def _fits_float(value: int | float) -> bool:
+    """A JSON integer such as 10**400 is no number a time or a ratio can be."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 def cap(count: int, limit: str, origin: str, where: str) -> None:
     """A TuneTableError when ``count`` is over ``LIMITS[limit]``, naming the cap."""
     if count > LIMITS[limit]:
         raise TuneTableError(f"{origin}: {where or 'the table'}: over the cap of "
                              f"{LIMITS[limit]:,} {limit} a tune table may carry")
+
+
+def check_text_size(text: str | bytes, origin: str) -> None:
+    """Cap a table's text before it is parsed: its length, and its JSON values, counted from
+    above as its commas and opening brackets (those inside strings too).
+
+        >>> check_text_size(b'{"schema": [' + b"0," * 2**22 + b"0]}", "t.json")
+        TuneTableError: t.json: the table: over the cap of 4,194,304 JSON values a tune table may carry
+    """
+    cap(len(text), "bytes of text", origin, "")
+    marks = (b",", b"[", b"{") if isinstance(text, bytes) else (",", "[", "{")
+    cap(sum(text.count(mark) for mark in marks) + 1, "JSON values", origin, "")
 
 
 def field(data: dict, name: str, expected, where: str, origin: str, *, required: bool = True):
@@ -72,16 +102,33 @@ def field(data: dict, name: str, expected, where: str, origin: str, *, required:
     value = data[name]
     if not _matches(value, expected):
         raise TuneTableError(f"{origin}: {where}{name}: expected {_type_name(expected)}, "
-                             f"got {_shown(value)}")
+                             f"got {shown(value)}")
     _check_strings(value, f"{where}{name}", origin)
     return value
 
 
-def _shown(value: Any) -> str:
-    try:
-        return json.dumps(value)[:80]
-    except (TypeError, ValueError, RecursionError):
-        return type(value).__name__
+def shown(value: Any, width: int = 80, depth: int = 0) -> str:
+    """A short JSON view of ``value`` for an error message, cheap however large it is.
+
+        >>> shown(["ab", 1, None, {"x": True}, 5])
+        '["ab", 1, null, {"x": true}, ...]'
+    """
+    items = 4 if depth < 2 else 0
+    if isinstance(value, str):
+        text = json.dumps(value[:width])
+    elif isinstance(value, dict):
+        parts = [f"{json.dumps(str(k)[:20])}: {shown(v, 20, depth + 1)}"
+                 for k, v in itertools.islice(value.items(), items)]
+        text = "{" + ", ".join(parts + ["..."] * (len(value) > len(parts))) + "}"
+    elif isinstance(value, list):
+        parts = [shown(v, 20, depth + 1) for v in value[:items]]
+        text = "[" + ", ".join(parts + ["..."] * (len(value) > len(parts))) + "]"
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):
+            text = type(value).__name__
+    return text[:width]
 
 
 def _check_strings(value: Any, where: str, origin: str) -> None:
@@ -101,7 +148,7 @@ def _check_bounds(bounds: Any, where: str, origin: str) -> None:
             value = next((v for v in value.values() if not _matches(v, _SCALAR)), None)
         if not _matches(value, _SCALAR):
             raise TuneTableError(f"{origin}: {where}{name}: expected a number, a string, null or an "
-                                 f"object of those, got {_shown(value)}")
+                                 f"object of those, got {shown(value)}")
 
 
 _RESULT_FIELDS = {"name": (str, True), "outcome": (str, True), "round": (str, False),
@@ -140,7 +187,7 @@ def parse_entry(data: Any, where: str, origin: str) -> Decision:
         cap(len(result.get("samples") or []), "samples per result", origin, f"{at}samples")
         for j, sample in enumerate(result.get("samples") or []):
             if not _matches(sample, _NUMBER):
-                raise TuneTableError(f"{origin}: {at}samples[{j}]: expected a number, got {sample!r}")
+                raise TuneTableError(f"{origin}: {at}samples[{j}]: expected a number, got {shown(sample)}")
     try:
         return Decision.from_json(data)
     except (ValueError, TypeError, KeyError, AttributeError) as err:
