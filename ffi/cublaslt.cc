@@ -201,6 +201,15 @@ ffi::Error check_attributes(const char* target, bool f32_in, int64_t transpose_a
                          ("0 to " + std::to_string(kMaxAlgorithms - 1)).c_str());
 }
 
+ffi::Error check_epilogue_attributes(int64_t activation, int64_t has_bias, int64_t has_residual) {
+  const char* target = "jax_autotune_cublaslt_epilogue";
+  if (auto e = check_attribute(target, "has_bias", has_bias, 0, 1, "0 or 1"); e.failure()) return e;
+  if (auto e = check_attribute(target, "has_residual", has_residual, 0, 1, "0 or 1"); e.failure())
+    return e;
+  return check_attribute(target, "activation", activation, 0, has_residual == 1 ? 0 : 2,
+                         has_residual == 1 ? "0 (none) with a residual" : "0 (none), 1 (relu) or 2 (gelu)");
+}
+
 // The matmul of both targets, their attributes already checked.
 ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::AnyBuffer lhs,
                       ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> out,
@@ -297,13 +306,7 @@ ffi::Error cublaslt_epilogue_impl(void* stream, int32_t device, ffi::AnyBuffer l
   const bool f32_in = lhs.element_type() == ffi::DataType::F32;
   if (auto e = check_attributes(target, f32_in, transpose_a, transpose_b, tf32, algorithm); e.failure())
     return e;
-  if (auto e = check_attribute(target, "has_bias", has_bias, 0, 1, "0 or 1"); e.failure()) return e;
-  if (auto e = check_attribute(target, "has_residual", has_residual, 0, 1, "0 or 1"); e.failure())
-    return e;
-  if (auto e = check_attribute(target, "activation", activation, 0, has_residual ? 0 : 2,
-                               has_residual ? "0 (none) with a residual" : "0 (none), 1 (relu) or 2 (gelu)");
-      e.failure())
-    return e;
+  if (auto e = check_epilogue_attributes(activation, has_bias, has_residual); e.failure()) return e;
   const auto out_dims = out->dimensions();
   const int64_t n = out_dims.size() == 3 ? out_dims[2] : -1;
   if (has_bias && (bias.element_type() != out->element_type() || bias.dimensions().size() != 1 ||
@@ -330,6 +333,11 @@ std::string cublaslt_attribute_error(bool f32_operands, int64_t transpose_a, int
                                      int64_t tf32, int64_t algorithm) {
   return check_attributes("jax_autotune_cublaslt", f32_operands, transpose_a, transpose_b, tf32,
                           algorithm).message();
+}
+
+std::string cublaslt_epilogue_attribute_error(int64_t activation, int64_t has_bias,
+                                              int64_t has_residual) {
+  return check_epilogue_attributes(activation, has_bias, has_residual).message();
 }
 
 std::string load_cublaslt(const std::string& path) {

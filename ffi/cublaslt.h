@@ -34,6 +34,12 @@ size_t cublaslt_version();
 std::string cublaslt_attribute_error(bool f32_operands, int64_t transpose_a, int64_t transpose_b,
                                      int64_t tf32, int64_t algorithm);
 
+// The same for the epilogue target's own attributes.
+//
+//   cublaslt_epilogue_attribute_error(1, 1, 1);  // "...: attribute activation must be 0 (none) with a residual, got 1"
+std::string cublaslt_epilogue_attribute_error(int64_t activation, int64_t has_bias,
+                                              int64_t has_residual);
+
 // (FFI target name, handler) of the CUDA handlers; native.py registers them for "CUDA".
 std::vector<std::pair<const char*, XLA_FFI_Handler*>> cuda_ffi_handlers();
 

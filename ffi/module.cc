@@ -77,6 +77,9 @@ NB_MODULE(_native, m) {
   m.def("cublaslt_attribute_error", &jat::cublaslt_attribute_error, nb::arg("f32_operands"),
         nb::arg("transpose_a"), nb::arg("transpose_b"), nb::arg("tf32"), nb::arg("algorithm"),
         "Why jax_autotune_cublaslt refuses these attributes, or '' (the handler's own check).");
+  m.def("cublaslt_epilogue_attribute_error", &jat::cublaslt_epilogue_attribute_error,
+        nb::arg("activation"), nb::arg("has_bias"), nb::arg("has_residual"),
+        "Why jax_autotune_cublaslt_epilogue refuses its epilogue attributes, or ''.");
   m.def("cublaslt_version", &jat::cublaslt_version, "cublasLtGetVersion() of it, or 0.");
   m.def("fma_seconds", &jat::fma_seconds, nb::arg("dtype"), nb::arg("iterations"),
         nb::arg("threads"), nb::call_guard<nb::gil_scoped_release>(),

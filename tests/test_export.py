@@ -337,3 +337,15 @@ def test_a_cublaslt_winner_exports_safe_by_default_and_kept_with_its_target():
     kept = jat.export(jat.matmul, a, b, allow_targets=[cublaslt.TARGET])
     assert cublaslt.TARGET in targets(kept.mlir_module())
     assert rel_error(jat.deserialize(kept.serialize()).call(a, b), want) < 2e-2
+
+
+def test_an_autotuned_function_in_context_exports_and_runs_as_the_plain_one(tmp_path):
+    pytest.importorskip("flatbuffers")
+    rng = np.random.default_rng(11)
+    x, w, b = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((32, 24), (24, 40), (40,)))
+    fn = jat.autotune(lambda x, w, b: jax.nn.gelu(x @ w + b))
+    blob = jat.export(fn, x, w, b).serialize()
+    want = jax.nn.gelu(np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64))
+    np.testing.assert_allclose(jax.export.deserialize(blob).call(x, w, b), want, rtol=2e-5, atol=2e-5)
+    decisions = tuner_for("cpu").memory_decisions()
+    assert any(not d.key.epilogue.is_bare and d.export_kernel for d in decisions)

@@ -227,6 +227,18 @@ def test_the_cublaslt_handler_checks_every_attribute_first(f32, attributes, refu
     assert error == (refused and f"jax_autotune_cublaslt: attribute {refused}")
 
 
+@pytest.mark.parametrize("attributes, refused", [
+    ((0, 0, 0), ""), ((2, 1, 0), ""), ((0, 1, 1), ""), ((1, 0, 1), "activation must be 0 (none) with a residual"),
+    ((3, 0, 0), "activation must be"), ((-1, 0, 0), "activation must be"), ((0, 2, 0), "has_bias must be 0 or 1"),
+    ((0, 0, 2**32), "has_residual must be 0 or 1"),
+])
+def test_the_cublaslt_epilogue_handler_checks_its_own_attributes_first(attributes, refused):
+    _native = pytest.importorskip("jax_autotune._native")
+    error = _native.cublaslt_epilogue_attribute_error(*attributes)
+    assert (refused in error and error.startswith("jax_autotune_cublaslt_epilogue: attribute")) if refused \
+        else error == ""
+
+
 def _run_python(body: str, isa_override: str = "") -> str:
     """Runs ``body`` in a fresh interpreter with JAX_AUTOTUNE_NATIVE_ISA set; its stdout."""
     env = dict(os.environ, JAX_AUTOTUNE_NATIVE_ISA=isa_override)

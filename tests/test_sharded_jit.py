@@ -253,3 +253,21 @@ def test_a_dense_layer_on_sharded_activations_runs_per_shard(fresh_tuning, kind,
 def test_one_device_keeps_the_plain_lowering():
     x, w = operands((64, 48), (48, 40))
     assert "CustomSPMDPartitioning" not in jax.jit(jat.matmul).lower(x, w).as_text()
+
+
+@four_devices
+def test_a_matmul_in_context_on_sharded_operands_runs_per_shard_with_its_epilogue_after(fresh_tuning, auto_mesh):
+    shard = f32(1, 16, 48, 32)
+    native_winner(shard)
+    x, w = operands((64, 32), (32, 48), seed=7)
+    bias = np.linspace(-1.0, 1.0, 48).astype(np.float32)
+    fn = jat.autotune(lambda a, b, c: jnp.tanh(a @ b + c))
+    assert "autotuned_matmul_epilogue" in str(jax.make_jaxpr(fn)(x, w, bias))
+    args = (jax.device_put(x, NamedSharding(auto_mesh, P("x", None))),
+            jax.device_put(w, NamedSharding(auto_mesh, P())), jax.device_put(bias, NamedSharding(auto_mesh, P())))
+    with record_decisions() as asked:
+        compiled = jax.jit(fn).lower(*args).compile()
+    assert "CustomSPMDPartitioning" in jax.jit(fn).lower(*args).as_text()
+    assert any(d.key == shard.key(config.get("level")) for d in asked)  # the bare per-shard key
+    np.testing.assert_allclose(np.asarray(compiled(*args)), np.tanh(x.astype(np.float64) @ w + bias),
+                               rtol=2e-5, atol=2e-5)
