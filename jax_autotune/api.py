@@ -90,7 +90,7 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     b2 = b[:, None] if vector_b else b
     (m, k), (k_b, n) = a2.shape[-2:], b2.shape[-2:]
     if k != k_b:
-        raise ValueError(f"matmul: contracting dims differ: a {a.shape} has {k}, b {b.shape} has {k_b}")
+        raise TypeError(f"matmul: contracting dims differ: a {a.shape} has {k}, b {b.shape} has {k_b}")
     try:
         batch_shape = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
     except ValueError as err:
@@ -162,7 +162,7 @@ def _check_dims(name: str, dims: Sequence[int], ndim: int, shape) -> tuple[int, 
     except TypeError as err:
         raise TypeError(f"dot_general: {name} must be integers, got {tuple(dims)!r}: {err}") from None
     if any(not 0 <= d < ndim for d in dims) or len(set(dims)) != len(dims):
-        raise ValueError(f"dot_general: {name} {dims} must be distinct dims of an operand of shape {shape}")
+        raise TypeError(f"dot_general: {name} {dims} must be distinct dims of an operand of shape {shape}")
     return dims
 
 
@@ -246,13 +246,13 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     lc, lb = _check_dims("lhs dims", lc, lhs.ndim, lhs.shape), _check_dims("lhs batch", lb, lhs.ndim, lhs.shape)
     rc, rb = _check_dims("rhs dims", rc, rhs.ndim, rhs.shape), _check_dims("rhs batch", rb, rhs.ndim, rhs.shape)
     if len(lc) != len(rc) or any(lhs.shape[i] != rhs.shape[j] for i, j in zip(lc, rc)):
-        raise ValueError(f"dot_general: contracting dims {lc} of lhs {lhs.shape} and {rc} of rhs "
+        raise TypeError(f"dot_general: contracting dims {lc} of lhs {lhs.shape} and {rc} of rhs "
                          f"{rhs.shape} must have equal sizes")
     if len(lb) != len(rb) or any(lhs.shape[i] != rhs.shape[j] for i, j in zip(lb, rb)):
-        raise ValueError(f"dot_general: batch dims {lb} of lhs {lhs.shape} and {rb} of rhs "
+        raise TypeError(f"dot_general: batch dims {lb} of lhs {lhs.shape} and {rb} of rhs "
                          f"{rhs.shape} must have equal sizes")
     if set(lc) & set(lb) or set(rc) & set(rb):
-        raise ValueError(f"dot_general: a dim cannot be both batch and contracting: {dimension_numbers!r}")
+        raise TypeError(f"dot_general: a dim cannot be both batch and contracting: {dimension_numbers!r}")
     lfree = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
     tuned = _tuned("dot_general", lhs, rhs, precision, preferred_element_type)

@@ -238,18 +238,45 @@ def test_warmup_accepts_tuples_and_shape_dtype_pairs_and_reports_sources(fresh_t
 
 
 def test_bad_shapes_and_dimension_numbers_name_the_shapes():
-    with pytest.raises(ValueError, match=r"\(3, 4\).*\(5, 6\)"):
+    with pytest.raises(TypeError, match=r"\(3, 4\).*\(5, 6\)"):
         jat.matmul(jnp.ones((3, 4)), jnp.ones((5, 6)))
     with pytest.raises(ValueError, match="at least 1-D"):
         jat.matmul(jnp.ones(()), jnp.ones((3,)))
-    with pytest.raises(ValueError, match=r"\(3, 4\)"):
+    with pytest.raises(TypeError, match=r"\(3, 4\)"):
         jat.dot_general(jnp.ones((3, 4)), jnp.ones((5, 6)), (((1,), (0,)), ((), ())))
     with pytest.raises(ValueError, match="dimension_numbers"):
         jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), "bad")
-    with pytest.raises(ValueError, match=r"must be distinct dims"):
+    with pytest.raises(TypeError, match=r"must be distinct dims"):
         jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), (((2,), (0,)), ((), ())))
     with pytest.raises(TypeError, match="unexpected keyword"):
         jat.dot_general(jnp.ones((3, 4)), jnp.ones((4, 6)), (((1,), (0,)), ((), ())), bogus=1)
+
+
+_SHAPE_ERRORS = [  # (ours, theirs): each pair must raise the same exception type
+    (lambda: jat.matmul(jnp.ones((3, 4)), jnp.ones((5, 6))),
+     lambda: jnp.matmul(jnp.ones((3, 4)), jnp.ones((5, 6)))),
+    (lambda: jat.matmul(jnp.ones((2, 3, 4)), jnp.ones((3, 4, 5))),
+     lambda: jnp.matmul(jnp.ones((2, 3, 4)), jnp.ones((3, 4, 5)))),
+    (lambda: jat.matmul(jnp.ones(()), jnp.ones((3,))),
+     lambda: jnp.matmul(jnp.ones(()), jnp.ones((3,)))),
+    *[(lambda dims=dims, shapes=shapes: jat.dot_general(*map(jnp.ones, shapes), dims),
+       lambda dims=dims, shapes=shapes: lax.dot_general(*map(jnp.ones, shapes), dims))
+      for shapes, dims in [(((3, 4), (5, 6)), (((1,), (0,)), ((), ()))),         # contracting sizes
+                           (((2, 3, 4), (3, 4, 5)), (((2,), (1,)), ((0,), (0,)))),  # batch sizes
+                           (((3, 4), (4, 6)), (((2,), (0,)), ((), ()))),          # out of range
+                           (((3, 4), (4, 6)), (((1, 1), (0, 0)), ((), ()))),      # repeated
+                           (((2, 3, 4), (2, 4, 5)), (((0,), (0,)), ((0,), (0,)))),  # batch and contracting
+                           (((3, 4), (4, 6)), ((1,), (0,)))]],                    # malformed
+]
+
+
+@pytest.mark.parametrize("ours, theirs", _SHAPE_ERRORS)
+def test_a_shape_mismatch_raises_the_exception_type_jnp_and_lax_raise(ours, theirs):
+    with pytest.raises(Exception) as expected:
+        theirs()
+    with pytest.raises(Exception) as got:
+        ours()
+    assert type(got.value) is expected.type, got.value
 
 
 def test_dot_general_accepts_out_sharding_like_lax(fresh_tuning):
