@@ -27,12 +27,12 @@ from jax_autotune.tuning.consensus import JaxAutotuneConsensusWarning
 from jax_autotune.tuning.decision import CandidateResult, Decision, DecisionLogWarning
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning
 from jax_autotune.tuning.tuner import KeyNotTunedError
-from jax_autotune.warmup import WarmupReport, warmup
+from jax_autotune.warmup import NoTunedMatmulWarning, WarmupReport, warmup
 
 __all__ = [
     "CandidateResult", "Decision", "DecisionLogWarning", "JaxAutotuneConsensusWarning",
     "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout", "Level", "MatmulKey",
-    "MatmulProblem", "NativeKernelsWarning", "Precision", "Scale", "TuneTable", "TuneTableError",
+    "MatmulProblem", "NativeKernelsWarning", "NoTunedMatmulWarning", "Precision", "Scale", "TuneTable", "TuneTableError",
     "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "deserialize",
     "dot_general", "export", "export_allowing", "export_disabled_checks", "key_for", "load_table",
     "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",

@@ -281,6 +281,24 @@ def _shape_dtype(x: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
                         f"got {type(x).__name__}") from err
 
 
+DTYPE_EXAMPLES = ("float32", "float64", "bfloat16", "float16", "float8_e4m3fn", "int8")
+
+
+def dtype_named(value: Any, argument: str = "dtype") -> str:
+    """The name of the dtype ``value`` names (a string, a NumPy or jnp dtype or type); for
+    anything else a TypeError, as ``jnp.dtype`` raises, that names ``argument`` and lists
+    dtype names (``warmup`` and the command line's ``--dtype`` both take it).
+
+        >>> dtype_named("bfloat16"), dtype_named(jnp.float32)
+        ('bfloat16', 'float32')
+    """
+    try:
+        return jnp.dtype(value).name
+    except TypeError:
+        raise TypeError(f"{argument} {value!r}: expected a dtype name such as "
+                        f"{', '.join(DTYPE_EXAMPLES)}") from None
+
+
 def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: bool = False,
                 precision: Any = None, preferred_element_type: Any = None) -> MatmulProblem:
     """The canonical problem of ``lhs @ rhs`` with operands given as stored.

@@ -12,6 +12,16 @@ devices, the keys a compile asks for are per-shard keys that only XLA's partitio
 knows: then warmup compiles ``jax.jit(fn)`` (and its grad) for the arguments, and the
 report lists the keys that compile asked for.
 
+``warmup(fn)`` tunes the matmuls that compiling ``fn`` itself asks for; it never rewrites
+``fn``. A plain function's ``jnp``/``lax`` matmuls are not tuned when it is compiled, so
+tuning them would only help a ``jat.autotune(fn)`` the caller may never run: warmup of such
+a function tunes nothing and warns (``NoTunedMatmulWarning``) with the fix, to pass the
+same ``jat.autotune(fn)`` to warmup and to ``jax.jit``:
+
+    >>> step = jat.autotune(train_step)
+    >>> jat.warmup(step, params, batch, grad=True)
+    >>> jax.jit(step)(params, batch)                 # tunes nothing now
+
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
 keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. On a
@@ -25,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import sys
+import warnings
 from typing import Any, Callable, Iterable, Iterator
 
 import jax
@@ -33,7 +44,8 @@ import jax.numpy as jnp
 from jax_autotune.tuning.decision import Decision
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
-from jax_autotune.problem import MatmulProblem, problem_for
+from jax_autotune.autotune import _tuner_serves
+from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.consensus import current_job
@@ -50,6 +62,11 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
 
 
+class NoTunedMatmulWarning(UserWarning):
+    """``warmup(fn)`` found no matmul of ``fn`` that a compile of it would tune (e.g. the
+    plain ``jnp``/``lax`` matmuls of a function not wrapped in ``jat.autotune``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmupEntry:
     key: MatmulKey
@@ -58,12 +75,13 @@ class WarmupEntry:
     winner_seconds: float | None
     xla_seconds: float | None
     source: str  # "tuned" | "memory" | "store" | "fallback"
+    reason: str = ""  # why the winner is XLA's dot without a benchmark, when it is
 
     @classmethod
     def of(cls, decision: Decision) -> "WarmupEntry":
         xla = decision.result(XLA_DOT_NAME)
         return cls(decision.key, decision.problem, decision.winner, decision.winner_seconds,
-                   xla.score if xla else None, decision.source)
+                   xla.score if xla else None, decision.source, decision.reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +101,12 @@ class WarmupReport:
         def us(seconds):
             return f"{seconds * 1e6:10.1f}" if seconds else f"{'-':>10}"
 
-        lines = [f"{'problem':<36} {'winner':<40} {'us':>10} {'xla us':>10} source"]
+        lines = [f"{'problem':<36} {'winner':<40} {'us':>10} {'xla us':>10} {'source':<8} why"]
         for e in self.entries:
             lines.append(f"{e.problem.describe():<36} {e.winner:<40} {us(e.winner_seconds)} "
-                         f"{us(e.xla_seconds)} {e.source}")
+                         f"{us(e.xla_seconds)} {e.source:<8} {e.reason}".rstrip())
+        if not self.entries:
+            lines.append("(no tuned matmul: nothing to tune)")
         return "\n".join(lines)
 
 
@@ -154,7 +174,14 @@ def _first_output(fn: Callable) -> Callable:
 def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
            transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
            platform: str | None = None, progress: bool | None = None) -> WarmupReport:
-    """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``."""
+    """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``.
+
+        >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
+        >>> jat.warmup(jat.autotune(loss_fn), params, batch, grad=True)
+
+    A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
+    ``NoTunedMatmulWarning`` naming the fix, ``jat.warmup(jat.autotune(fn), ...)``.
+    """
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
         if grad:
@@ -162,12 +189,18 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
                 raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
             fns.append(jax.grad(_first_output(shapes_or_fn)))
         if _spans_devices(example_args):
-            return _warmup_by_compiling(fns, example_args)
-        work = list(dict.fromkeys(pair for fn in fns
-                                  for pair in matmul_problems(jax.make_jaxpr(fn)(*example_args))))
+            report = _warmup_by_compiling(fns, example_args)
+            if not report.entries:
+                _warn_untuned([jax.make_jaxpr(fn)(*example_args) for fn in fns])
+            return report
+        jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
+        work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
+        if not work:
+            _warn_untuned(jaxprs)
     else:
         if example_args:
             raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
+        dtype = dtype_named(dtype, "warmup: dtype")
         level = config.get("level")
         work = [(p, p.key(level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
@@ -192,6 +225,26 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             decisions = tqdm(decisions, total=len(first_problem), desc="jax_autotune warmup", unit="key")
         entries = [WarmupEntry.of(decision) for decision in decisions]
     return WarmupReport(tuple(entries))
+
+
+def _warn_untuned(jaxprs) -> None:
+    """Warn that a compile of the traced function tunes none of its matmuls, and why."""
+    eqns = [eqn for jaxpr in jaxprs for eqn in equations(jaxpr)]
+    dots = [eqn for eqn in eqns if eqn.primitive.name == "dot_general"]
+    plain = sum(1 for eqn in dots if _tuner_serves(eqn))
+    if any(eqn.primitive in (matmul_p, fused_p) for eqn in eqns):
+        message = "its tuned matmuls feed no output, so a compile drops them"
+    elif plain:
+        message = (f"its matmuls ({plain} traced) are plain jnp/lax ones, which compiling fn does not "
+                   f"tune. Use jat.warmup(jat.autotune(fn), ...) and run that same "
+                   f"jat.autotune(fn) (e.g. under jax.jit), or call jat.matmul / jat.dot_general "
+                   f"inside fn")
+    elif dots:
+        message = f"its matmuls ({len(dots)} traced) are of dtypes or precisions only XLA's dot serves"
+    else:
+        message = "fn has no matmul"
+    warnings.warn(f"jax_autotune: warmup(fn) found no tuned matmul: {message}.", NoTunedMatmulWarning,
+                  stacklevel=3)
 
 
 def _spans_devices(args) -> bool:

@@ -437,3 +437,39 @@ def test_warmup_threads_tune_with_the_callers_x64_setting(monkeypatch):
         report = jat.warmup([(64, 64, 64), (128, 128, 128)], dtype="float64", progress=False)
     assert fake.x64 == [True, True]
     assert {e.problem.lhs_dtype for e in report} == {"float64"}
+
+
+def test_warmup_of_a_plain_function_tunes_nothing_and_warns_with_the_fix(fresh_tuning):
+    w, x = rand((32, 16)), rand((8, 32))
+    with pytest.warns(jat.NoTunedMatmulWarning, match=r"jat\.warmup\(jat\.autotune\(fn\), \.\.\.\)"):
+        report = jat.warmup(lambda w, x: jnp.sum(x @ w), w, x, grad=True, progress=False)
+    assert len(report) == 0 and "no tuned matmul" in str(report)
+    assert jat.stats()["tuned"] == 0
+
+
+def test_warmup_of_the_autotuned_function_tunes_its_matmuls_without_a_warning(fresh_tuning, recwarn):
+    w, x = rand((32, 16)), rand((8, 32))
+    report = jat.warmup(jat.autotune(lambda w, x: jnp.sum(x @ w)), w, x, grad=True, progress=False)
+    assert len(report) == 2  # forward, and the gradient wrt w
+    assert not [w for w in recwarn if issubclass(w.category, jat.NoTunedMatmulWarning)]
+
+
+def test_warmup_of_a_function_without_a_tunable_matmul_says_so():
+    with pytest.warns(jat.NoTunedMatmulWarning, match="no matmul"):
+        jat.warmup(jnp.sin, rand((4, 4)), progress=False)
+    ints = jnp.ones((4, 4), jnp.int8)
+    with pytest.warns(jat.NoTunedMatmulWarning, match="only XLA's dot serves"):
+        jat.warmup(jat.autotune(jnp.matmul), ints, ints, progress=False)
+
+
+def test_warmup_of_an_unknown_dtype_names_it_and_lists_dtype_names():
+    with pytest.raises(TypeError, match=r"warmup: dtype 'float8': expected a dtype name such as "
+                                        r"float32, .*bfloat16"):
+        jat.warmup([(4, 4, 4)], dtype="float8")
+
+
+def test_a_warmup_row_without_a_measurement_says_why(fresh_tuning):
+    report = jat.warmup([(8, 16, 32)], precision="F32_F32_F32", progress=False)  # XLA's dot alone
+    [entry] = report.entries
+    assert entry.winner == "xla_dot" and entry.winner_seconds is None
+    assert "algorithm preset" in entry.reason and entry.reason in str(report).splitlines()[1]

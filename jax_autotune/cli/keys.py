@@ -14,7 +14,6 @@ import argparse
 import re
 
 import jax
-import jax.numpy as jnp
 
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.api import key_for
@@ -51,12 +50,11 @@ def shape_arg(text: str) -> str:
 
 def dtype_arg(text: str) -> str:
     """An argparse ``type``: the dtype's name (``'bf16'`` is not one, ``'bfloat16'`` is)."""
+    from jax_autotune.problem import dtype_named
     try:
-        return jnp.dtype(text).name
-    except TypeError:
-        raise argparse.ArgumentTypeError(
-            f"dtype {text!r}: expected a dtype name such as float32, float64, bfloat16, "
-            f"float16, float8_e4m3fn, int8") from None
+        return dtype_named(text)
+    except TypeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_shape_arguments(parser) -> None:
