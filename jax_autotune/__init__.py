@@ -11,7 +11,11 @@ Everything public is listed in ``__all__``; the subpackages (``tuning``, ``kerne
 first use, so orbax stays optional.
 """
 
-import jax_autotune.config as config
+import logging
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's records: see tuning/progress.py
+
+import jax_autotune.config as config  # noqa: E402
 from jax_autotune._version import __version__
 from jax_autotune.api import dot_general, key_for, matmul
 from jax_autotune.autotune import autotune

@@ -26,6 +26,7 @@ setting in it.
 | budget_seconds | JAX_AUTOTUNE_BUDGET_SECONDS    | 10.0 (per-key tuning budget)     |
 | compilation_cache | JAX_AUTOTUNE_COMPILATION_CACHE | true (JAX's cache beside the store) |
 | context        | JAX_AUTOTUNE_CONTEXT           | full (autotune keys each dot with its epilogue, backward too; forward; off) |
+| progress       | JAX_AUTOTUNE_PROGRESS          | auto (a line on a terminal; on, off) |
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from jax_autotune.key import Level
 
 MODES = ("tune", "cached", "require", "off")
 CONTEXTS = ("full", "forward", "off")
+PROGRESS = ("auto", "on", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -65,6 +67,18 @@ def _parse_bool(name: str, value: Any) -> bool:
     if text in _FALSE:
         return False
     raise ConfigError(f"{name}: expected one of {_TRUE + _FALSE}, got {value!r}")
+
+
+def _parse_progress(name: str, value: Any) -> str:
+    """``auto``, ``on`` or ``off``; a boolean (``1``, ``true``, ``0``, ``false``, ...) is on or off."""
+    text = str(value).strip().lower()
+    if text in PROGRESS:
+        return text
+    try:
+        return "on" if _parse_bool(name, value) else "off"
+    except ConfigError:
+        raise ConfigError(f"{name}: expected one of {', '.join(PROGRESS)} (or a boolean), "
+                          f"got {value!r}") from None
 
 
 def _parse_choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
@@ -146,6 +160,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("budget_seconds", "JAX_AUTOTUNE_BUDGET_SECONDS", _parse_seconds, lambda: 10.0),
     Setting("compilation_cache", "JAX_AUTOTUNE_COMPILATION_CACHE", _parse_bool, lambda: True),
     Setting("context", "JAX_AUTOTUNE_CONTEXT", _parse_choice(CONTEXTS), lambda: "full"),
+    Setting("progress", "JAX_AUTOTUNE_PROGRESS", _parse_progress, lambda: "auto"),
 )}
 
 _lock = threading.Lock()

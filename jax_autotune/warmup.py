@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import sys
 import warnings
 from typing import Any, Callable, Iterable, Iterator
 
@@ -49,6 +48,7 @@ from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.consensus import current_job
+from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
 from jax_autotune.kernels.xla import XLA_DOT_NAME
@@ -181,6 +181,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
 
     A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
     ``NoTunedMatmulWarning`` naming the fix, ``jat.warmup(jat.autotune(fn), ...)``.
+    ``progress``: a bar over the keys on stderr (default: the ``progress`` setting, which
+    shows it on a terminal); meanwhile no key shows a line of its own.
     """
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
@@ -216,14 +218,11 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
     tuner.prime(first_problem.items())  # on a GPU: XLA autotunes every key's dots in one compile
-    show = sys.stderr.isatty() if progress is None else progress
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    with over_keys(len(first_problem), progress) as track, \
+            concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),
                              first_problem.items())
-        if show and first_problem:
-            from tqdm import tqdm
-            decisions = tqdm(decisions, total=len(first_problem), desc="jax_autotune warmup", unit="key")
-        entries = [WarmupEntry.of(decision) for decision in decisions]
+        entries = [WarmupEntry.of(decision) for decision in track(decisions)]
     return WarmupReport(tuple(entries))
 
 

@@ -41,7 +41,7 @@ import jax
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import counters, xla_priming
+from jax_autotune.tuning import counters, progress, xla_priming
 from jax_autotune.tuning.bench import CompileQueue, KeyBenchmark
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
 from jax_autotune.tuning.consensus import (JaxAutotuneConsensusWarning, current_job, decide_in_job,
@@ -364,6 +364,7 @@ class Tuner:
                         device=self.device.fingerprint, checksum=self.checksum,
                         source="fallback", reason=reason)
 
+    @progress.reported  # a log record per key; a line on a terminal while a long one runs
     def _tune(self, key: MatmulKey, problem: MatmulProblem) -> Decision:
         started = self.clock()
         plan = make_plan(self.candidate_set, key, self.device)
