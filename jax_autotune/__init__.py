@@ -9,43 +9,64 @@
 Everything public is listed in ``__all__``; the subpackages (``tuning``, ``kernels``,
 ``tables``, ``cli``) are internal. ``jax_autotune.checkpoint`` (orbax items) loads on
 first use, so orbax stays optional.
+
+Importing the package is light, so that the command line starts without jax: the public
+names (``_public``) load on the first use of one, or at once when jax is already imported
+(``import jax, jax_autotune``), which costs little then; loading them is also what points
+JAX's compilation cache beside the store.
 """
 
 import logging
+import sys
+import types
 
-logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's records: see tuning/progress.py
-
-import jax_autotune.config as config  # noqa: E402
+import jax_autotune.config as config
 from jax_autotune._version import __version__
-from jax_autotune.api import dot_general, key_for, matmul
-from jax_autotune.autotune import autotune
-from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
-from jax_autotune.problem import MatmulProblem
-from jax_autotune.serving import (deserialize, export, export_allowing, export_disabled_checks,
-                                  native_targets)
-from jax_autotune.tables.install import load_table, table
-from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
-from jax_autotune.tuning.counters import reset_stats, stats
-from jax_autotune.tuners import NativeKernelsWarning
-from jax_autotune.tuning.consensus import JaxAutotuneConsensusWarning
-from jax_autotune.tuning.decision import CandidateResult, Decision, DecisionLogWarning
-from jax_autotune.tuning.store import JaxAutotuneStoreWarning
-from jax_autotune.tuning.tuner import KeyNotTunedError
-from jax_autotune.warmup import NoTunedMatmulWarning, WarmupReport, warmup
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's records: tuning/progress.py
 
 __all__ = [
     "CandidateResult", "Decision", "DecisionLogWarning", "JaxAutotuneConsensusWarning",
     "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout", "Level", "MatmulKey",
-    "MatmulProblem", "NativeKernelsWarning", "NoTunedMatmulWarning", "Precision", "Scale", "TuneTable", "TuneTableError",
-    "TuneTableWarning", "WarmupReport", "__version__", "autotune", "config", "deserialize",
-    "dot_general", "export", "export_allowing", "export_disabled_checks", "key_for", "load_table",
-    "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
+    "MatmulProblem", "NativeKernelsWarning", "NoTunedMatmulWarning", "Precision", "Scale",
+    "TuneTable", "TuneTableError", "TuneTableWarning", "WarmupReport", "__version__", "autotune",
+    "config", "deserialize", "dot_general", "export", "export_allowing", "export_disabled_checks",
+    "key_for", "load_table", "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
 ]
+_LOADED_HERE = {"__version__", "config"}
+
+
+def _load_public() -> None:
+    from jax_autotune import _public
+    for name in set(__all__) - _LOADED_HERE:
+        globals()[name] = getattr(_public, name)
 
 
 def __getattr__(name: str):
+    if name in __all__:
+        _load_public()
+        return globals()[name]
     # ``jat.checkpoint`` without importing orbax at ``import jax_autotune``
     if name == "checkpoint":
         import importlib
         return importlib.import_module("jax_autotune.checkpoint")
     raise AttributeError(f"module 'jax_autotune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """Importing the submodules ``warmup`` and ``autotune`` must not hide the functions of
+    those names: the package attribute stays the function (as it was before lazy loading)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in __all__ and name not in _LOADED_HERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+if "jax" in sys.modules:
+    _load_public()
