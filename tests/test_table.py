@@ -149,6 +149,19 @@ def test_save_then_load_round_trips_the_table(store, tmp_path):
     assert read_table(path, tuners=[tuner]) == t
 
 
+
+def test_save_without_overwrite_never_replaces_a_file(store, tmp_path):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    (folder / "table.json").write_text("mine")
+    with pytest.raises(FileExistsError):
+        table(tuners=[tuned_tuner(store)]).save(folder / "table.json", overwrite=False)
+    assert (folder / "table.json").read_text() == "mine"
+    assert [p.name for p in folder.iterdir()] == ["table.json"]  # no temporary file left
+    table(tuners=[tuned_tuner(store)]).save(folder / "new.json", overwrite=False)
+    assert json.loads((folder / "new.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
 def test_text_that_is_not_json_is_a_tune_table_error(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"schema": "jax_autotune.tune_table", ')

@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -232,22 +232,32 @@ class TuneTable:
         """The table as JSON text (what ``save`` writes)."""
         return json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the table as JSON to ``path`` atomically (a temporary file, then a rename).
+    def save(self, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+        """Write the table as JSON to ``path`` atomically (a temporary file, then a rename),
+        with the permissions the umask gives a new file. ``overwrite=False``: a
+        ``FileExistsError`` if ``path`` exists (checked atomically; nothing is replaced).
 
             >>> table().save("tune_table.json")
             PosixPath('tune_table.json')
         """
         path = Path(os.fspath(path))
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        while True:  # a new file opened with mode 0o666, so the umask applies (mkstemp: 0o600)
+            tmp = path.parent / f".{path.name}.{os.urandom(4).hex()}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                break
+            except FileExistsError:
+                continue
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self.dumps())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                _link_new(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     @classmethod
@@ -368,3 +378,16 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
                       f"(jax_autotune.warmup) and export a new table.",
                       TuneTableWarning, stacklevel=4)
     return TuneTable(devices, **header)
+
+
+def _link_new(source: Path, path: Path) -> None:
+    """Give ``source`` the new name ``path``; a FileExistsError if ``path`` exists, even if
+    another process makes it meanwhile (a hard link never replaces)."""
+    try:
+        os.link(source, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: check, then rename
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        os.replace(source, path)
