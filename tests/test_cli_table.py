@@ -1,6 +1,7 @@
 """``jax-autotune show | explain | export | import | clear`` through ``cli.main``."""
 
 import dataclasses
+import io
 import json
 import os
 import sqlite3
@@ -10,6 +11,7 @@ import sys
 import jax
 import pytest
 
+import jax_autotune as jat
 from jax_autotune import cli
 from jax_autotune import tuners as tuner_module
 from jax_autotune.cli.table import format_seconds
@@ -61,7 +63,9 @@ def test_show_and_explain_print_a_context_keys_epilogue(tuner, capsys):
 def test_show_filters_by_key_and_device(tuner, capsys):
     _, out, _ = run(capsys, "show", "--key", key_id(PROBLEM_B.key()))
     assert key_id(PROBLEM_B.key()) in out and key_id(PROBLEM_A.key()) not in out
-    _, out, _ = run(capsys, "show", "--device", "gpu-nothing-mem0")
+    other = decision_namespace("gpu-other-mem1")
+    tuner.store.put(other, "k", "c", {"winner": "xla_dot"})  # a device the store knows
+    _, out, _ = run(capsys, "show", "--device", "gpu-other-mem1")
     assert "no tuned decisions" in out
 
 
@@ -102,7 +106,7 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     assert code == 0 and "exported 2 decisions" in out
     assert json.loads(path.read_text())["schema_version"] == 1
 
-    code, out, _ = run(capsys, "clear")
+    code, out, _ = run(capsys, "clear", "--yes")
     assert code == 0 and "deleted 2 stored decisions" in out
     assert store.entries(tuner.namespace) == []
     assert store.entries(throughput_namespace(tuner.device.fingerprint)) != []
@@ -169,16 +173,113 @@ def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, c
 def test_clear_with_a_device_deletes_only_that_device(tuner, capsys):
     other = decision_namespace("gpu-other-mem1")
     tuner.store.put(other, "k", "c", {"winner": "xla_dot"})
-    code, out, _ = run(capsys, "clear", "--device", "gpu-other-mem1")
+    code, out, _ = run(capsys, "clear", "--yes", "--device", "gpu-other-mem1")
     assert code == 0 and "deleted 1" in out
     assert len(tuner.store.entries(tuner.namespace)) == 2 and tuner.store.entries(other) == []
 
 
 def test_clear_of_an_unknown_device_is_an_error_listing_the_known_ones(tuner, capsys):
-    code, out, err = run(capsys, "clear", "--device", "bogus")
+    code, out, err = run(capsys, "clear", "--yes", "--device", "bogus")
     assert code == 2 and out == ""
     assert "'bogus'" in err and tuner.device.fingerprint in err
     assert len(tuner.store.entries(tuner.namespace)) == 2
+
+
+def test_export_refuses_to_replace_a_file_without_force(tuner, capsys, tmp_path):
+    path = tmp_path / "tune_table.json"
+    path.write_text("mine")
+    code, out, err = run(capsys, "export", str(path))
+    assert code == 2 and out == "" and "exists; pass --force" in err
+    assert path.read_text() == "mine"
+    code, out, _ = run(capsys, "export", str(path), "--force")
+    assert code == 0 and json.loads(path.read_text())["schema_version"] == 1
+
+
+def test_export_makes_no_folders_and_takes_no_folder_as_its_file(tuner, capsys, tmp_path):
+    code, _, err = run(capsys, "export", str(tmp_path / "missing" / "t.json"))
+    assert code == 2 and f"the folder {tmp_path / 'missing'} does not exist" in err
+    assert not (tmp_path / "missing").exists()
+    code, _, err = run(capsys, "export", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+
+
+def test_export_writes_the_permissions_the_umask_gives(tuner, capsys, tmp_path):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    old = os.umask(0o027)
+    try:
+        code, _, _ = run(capsys, "export", str(folder / "t.json"))
+    finally:
+        os.umask(old)
+    assert code == 0 and (folder / "t.json").stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in folder.iterdir()] == ["t.json"]  # no temporary file left
+
+
+def test_export_of_one_device_writes_only_its_decisions(tuner, capsys, tmp_path):
+    other = decision_namespace("gpu-other-mem1")
+    tuner.store.put(other, PROBLEM_A.key().canonical(), "c", tuner.lookup(PROBLEM_A.key()).to_json())
+    code, _, _ = run(capsys, "export", str(tmp_path / "t.json"), "--device", tuner.device.fingerprint)
+    assert code == 0
+    assert list(json.loads((tmp_path / "t.json").read_text())["devices"]) == [tuner.device.fingerprint]
+
+
+@pytest.mark.parametrize("argv", [["show"], ["explain", "m="], ["export", "t.json"], ["clear", "--yes"]])
+def test_an_unknown_device_is_the_same_error_in_every_command(tuner, capsys, tmp_path, monkeypatch, argv):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    code, out, err = run(capsys, *argv, "--device", "bogus")
+    assert code == 2 and out == ""
+    [line] = [line for line in err.splitlines() if line.startswith("jax-autotune:")]
+    assert line == (f"jax-autotune: {argv[0]}: --device 'bogus' is not a device of this store or "
+                    f"process; known: {tuner.device.fingerprint}")
+    assert list((tmp_path / "work").iterdir()) == [] and len(tuner.store.entries(tuner.namespace)) == 2
+
+
+class Terminal(io.StringIO):
+    """A stdin that says it is a terminal, with the answer already typed."""
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("answer, deleted", [("y\n", True), ("yes\n", True), ("n\n", False),
+                                             ("\n", False), ("", False)])
+def test_clear_asks_on_a_terminal_and_deletes_only_on_yes(tuner, capsys, monkeypatch, answer, deleted):
+    monkeypatch.setattr(sys, "stdin", Terminal(answer))
+    code, out, err = run(capsys, "clear")
+    assert f"Delete the stored decisions of {tuner.device.fingerprint} from {tuner.store.path}" in err
+    assert "[y/N]" in err
+    assert (code, bool(out)) == ((0, True) if deleted else (1, False))
+    assert len(tuner.store.entries(tuner.namespace)) == (0 if deleted else 2)
+
+
+def test_clear_off_a_terminal_needs_yes_and_deletes_nothing(tuner, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    code, out, err = run(capsys, "clear")
+    assert code == 2 and out == "" and "pass --yes" in err
+    assert len(tuner.store.entries(tuner.namespace)) == 2
+
+
+def test_version_names_the_package_and_jax(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"jax-autotune {jat.__version__} (jax {jax.__version__})"
+
+
+def test_help_and_version_answer_without_importing_jax():
+    code = ("import sys\n"
+            "from jax_autotune.cli import main\n"
+            "for argv in (['--help'], ['--version'], ['show', '--help'], ['clear', '--help']):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted(m for m in ('jax', 'jaxlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: jax-autotune" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("argv", [["keys", "12x"], ["keys", "512", "--dtype", "float8"],
@@ -211,7 +312,7 @@ def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, t
 def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     run(capsys, "export", str(path))
-    run(capsys, "clear")
+    run(capsys, "clear", "--yes")
     tuner.store.close()  # a new process: it opens the database again
     before = tuner.store.path.read_bytes()
     real = os.access
@@ -223,7 +324,7 @@ def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, t
 
 def test_every_table_command_names_its_database_first(tuner, capsys, tmp_path):
     for argv in (["show"], ["explain", key_id(PROBLEM_A.key())], ["export", str(tmp_path / "t.json")],
-                 ["import", str(tmp_path / "t.json")], ["clear"]):
+                 ["import", str(tmp_path / "t.json")], ["clear", "--yes"]):
         code, _, err = run(capsys, *argv)
         assert code == 0 and err.splitlines()[0] == f"database: {open_store().path}", argv
 

@@ -125,9 +125,9 @@ def test_clear_deletes_the_compiled_executables_only_when_asked(tmp_path, monkey
     kept = len(list(folder.iterdir()))
     assert kept > 0
     monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
-    assert cli_main(["clear"]) == 0
+    assert cli_main(["clear", "--yes"]) == 0
     assert len(list(folder.iterdir())) == kept
-    assert cli_main(["clear", "--compilation-cache"]) == 0
+    assert cli_main(["clear", "--yes", "--compilation-cache"]) == 0
     assert not list(folder.iterdir())
     assert f"deleted {kept} compiled executables" in capsys.readouterr().out
 
@@ -154,7 +154,7 @@ def test_clear_deletes_only_jax_entries_and_never_follows_a_link(tmp_path, monke
     outside = user_files(tmp_path / "thesis")
     (folder / f"jit_g-{'1' * 64}-cache").symlink_to(tmp_path / "thesis" / "thesis.tex")
     monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
-    assert cli_main(["clear", "--compilation-cache"]) == 0
+    assert cli_main(["clear", "--yes", "--compilation-cache"]) == 0
     assert "deleted 2 compiled executables" in capsys.readouterr().out
     assert sorted(p.name for p in folder.iterdir()) == ["README.txt", f"jit_g-{'1' * 64}-cache", "sub"]
     assert (folder / "sub" / f"{ENTRY}-cache").exists()
@@ -166,7 +166,7 @@ def test_clear_refuses_a_cache_folder_that_is_a_symlink(tmp_path, monkeypatch, c
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / DIRECTORY_NAME).symlink_to(tmp_path / "thesis")
     monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
-    assert cli_main(["clear", "--compilation-cache"]) == 2
+    assert cli_main(["clear", "--yes", "--compilation-cache"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "symbolic link" in err[-1] and "nothing deleted" in err[-1]
     assert {p.name: p.read_text() for p in (tmp_path / "thesis").iterdir()} == outside

@@ -7,7 +7,8 @@ import jax
 import pytest
 
 from jax_autotune.cli import main as cli_main
-from jax_autotune.cli.keys import key_table, parse_shape
+from jax_autotune.cli.keys import key_table
+from jax_autotune.cli.parser import parse_shape
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale, anchor, layout_from_strides, stride_factor
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem

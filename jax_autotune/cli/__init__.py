@@ -2,48 +2,26 @@
 
     $ jax-autotune keys 512 768 1000 1024 1025 2048 1024T
     $ jax-autotune shapes 1024 768 1000 2048
-    $ jax-autotune show | explain KEY | export PATH | import PATH | clear
+    $ jax-autotune show | explain KEY | export PATH [--force] | import PATH | clear [--yes]
+    $ jax-autotune --version
 
-Each command module (``keys``, ``shapes``, ``table``) registers its sub-parser with
-``register(subparsers)`` and sets ``func(args) -> int`` as the handler. A bad argument is
-a usage error (exit status 2, one line); warnings print as one line each; a reader that
-closes the pipe early (``show | head -1``) ends the output quietly.
+``parser`` holds every command's arguments and their shared checks and imports nothing
+heavy, so ``--help`` and ``--version`` answer without jax; a command's module (``keys``,
+``shapes``, ``table``) is imported when it runs. A bad argument is a usage error (exit
+status 2, one line); warnings print as one line each; a reader that closes the pipe early
+(``show | head -1``) ends the output quietly.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import os
 import sys
 import warnings
 
-from jax_autotune.cli import keys, shapes, table
+from jax_autotune.cli.parser import build_parser
 
-
-class PlainHelpFormatter(argparse.HelpFormatter):
-    """Help texts come from docstrings: show them without reStructuredText's double backticks."""
-
-    def _format_text(self, text: str) -> str:
-        return super()._format_text(text.replace("``", ""))
-
-    def _expand_help(self, action) -> str:
-        return super()._expand_help(action).replace("``", "")
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose help is plain text (its sub-parsers' too)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", PlainHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="jax-autotune", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (keys, shapes, table):
-        module.register(subparsers)
-    return parser
+__all__ = ["build_parser", "main"]
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -53,10 +31,12 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    module, function = args.handler
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         try:
-            code = int(args.func(args) or 0)
+            run = getattr(importlib.import_module(f"jax_autotune.cli.{module}"), function)
+            code = int(run(args) or 0)
             sys.stdout.flush()
         except BrokenPipeError:
             # the reader stopped reading: send what is left to /dev/null, so the interpreter's

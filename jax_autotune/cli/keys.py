@@ -10,59 +10,11 @@ the rhs is stored transposed (n, k).
 
 from __future__ import annotations
 
-import argparse
-import re
-
 import jax
 
-from jax_autotune.key import Level, MatmulKey
 from jax_autotune.api import key_for
-
-_SHAPE = re.compile(r"^(\d+)(?:x(\d+)x(\d+)(?:x(\d+))?)?(T?)$")
-
-
-def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
-    """``'1024T'`` -> (batch, m, n, k, transpose_b); a ValueError names the bad text."""
-    match = _SHAPE.match(text.strip())
-    if not match:
-        raise ValueError(f"shape {text!r}: expected S, MxNxK or BxMxNxK, optionally ending in T")
-    a, b, c, d, t = match.groups()
-    numbers = [int(x) for x in (a, b, c, d) if x is not None]
-    if len(numbers) == 1:
-        batch, (m, n, k) = 1, numbers * 3
-    elif len(numbers) == 3:
-        batch, (m, n, k) = 1, numbers
-    else:
-        batch, m, n, k = numbers
-    if min(batch, m, n, k) < 1:
-        raise ValueError(f"shape {text!r}: sizes must be >= 1")
-    return batch, m, n, k, bool(t)
-
-
-def shape_arg(text: str) -> str:
-    """An argparse ``type``: ``text`` if it is a shape (see ``parse_shape``), else a usage error."""
-    try:
-        parse_shape(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def dtype_arg(text: str) -> str:
-    """An argparse ``type``: the dtype's name (``'bf16'`` is not one, ``'bfloat16'`` is)."""
-    from jax_autotune.problem import dtype_named
-    try:
-        return dtype_named(text)
-    except TypeError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def add_shape_arguments(parser) -> None:
-    """The positional shapes and ``--dtype`` that ``keys`` and ``shapes`` both take."""
-    parser.add_argument("shapes", nargs="+", type=shape_arg,
-                        help="S, MxNxK or BxMxNxK, with T for a transposed rhs")
-    parser.add_argument("--dtype", default="float32", type=dtype_arg,
-                        help="element type (default float32)")
+from jax_autotune.cli.parser import parse_shape
+from jax_autotune.key import MatmulKey
 
 
 def operand_shapes(text: str) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
@@ -111,12 +63,3 @@ def run(args) -> int:
         print(line)
     return 0
 
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("keys", help="print the tune keys of some shapes",
-                                   description=__doc__.splitlines()[0])
-    add_shape_arguments(parser)
-    parser.add_argument("--level", choices=[lv.value for lv in Level], default=None,
-                        help="bucketing level (default: the configured level)")
-    parser.add_argument("--all-fields", action="store_true", help="print every key field")
-    parser.set_defaults(func=run)

@@ -13,7 +13,6 @@ cache instead of compiled.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.api import dot_general, matmul
-from jax_autotune.cli.keys import add_shape_arguments, operand_shapes
+from jax_autotune.cli.keys import operand_shapes
 from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
 
@@ -139,14 +138,3 @@ def run(args) -> int:
             json.dump({"dtype": args.dtype, "cache_dir": cache_dir, **results}, f, indent=2)
     return 0
 
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("shapes", help="the reference's cold/warm experiment",
-                                   description=__doc__.splitlines()[0])
-    add_shape_arguments(parser)
-    parser.add_argument("--cache-dir", default=None,
-                        help="folder in which a new, empty subfolder holds the experiment's "
-                             "store; nothing else in it is touched (default: a new temp folder)")
-    parser.add_argument("--json", default=None, help="also write the measurements to this file")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.set_defaults(func=run)

@@ -2,22 +2,26 @@
 
     $ jax-autotune show [--device FP] [--key SUBSTR]   # one line per decision
     $ jax-autotune explain KEY                         # every candidate of one decision
-    $ jax-autotune export tune_table.json
+    $ jax-autotune export tune_table.json [--force] [--device FP]
     $ jax-autotune import tune_table.json
-    $ jax-autotune clear [--device FP]                 # decisions only; probes stay
+    $ jax-autotune clear [--device FP] [--yes]         # decisions only; probes stay
 
 KEY is an id or a compact key as ``show`` prints them, a canonical key string, or a
 unique substring of one. The commands read this process's tuners and the configured
 store (``JAX_AUTOTUNE_CACHE_DIR``, ``JAX_AUTOTUNE_ENVIRONMENT``); each first says which
 database on stderr (``database: PATH``). Exit status: 0 done, 1 the store cannot be
-read (show, explain, export) or written (import, clear), 2 a bad argument (an unknown
-key or device, an unreadable table file).
+read (show, explain, export) or written (import, clear), or clear was not confirmed, 2 a
+bad argument (an unknown key or device, an unreadable table file, an existing export
+file without ``--force``, clear without ``--yes`` when stdin is not a terminal). The
+arguments themselves are defined in ``cli/parser.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import os
 import sys
 
 import jax_autotune.config as config
@@ -127,7 +131,7 @@ def _aligned(cells: list[tuple[str, ...]]) -> list[str]:
 
 # ---------------------------------------------------------------- commands
 
-STORE_UNUSABLE, BAD_ARGUMENT = 1, 2  # exit statuses (EXIT_STATUS says them)
+STORE_UNUSABLE, BAD_ARGUMENT = 1, 2  # exit statuses (parser.EXIT_STATUS says them)
 
 
 def _error(message: str, status: int = BAD_ARGUMENT) -> int:
@@ -138,16 +142,37 @@ def _error(message: str, status: int = BAD_ARGUMENT) -> int:
 
 def _using_database(write: bool, create: bool = True):
     """Decorate a ``run_<command>``: say which database it uses and stop with
-    ``STORE_UNUSABLE`` when that cannot be read (``write``: and written) now."""
+    ``STORE_UNUSABLE`` when that cannot be read (``write``: and written) now, or with
+    ``BAD_ARGUMENT`` when ``--device`` names a device it does not know (``unknown_device``)."""
     def decorate(run):
         @functools.wraps(run)
         def checked(args) -> int:
+            command = run.__name__.removeprefix("run_")
             problem = _database(write, create)
             if problem:
-                return _error(f"{run.__name__.removeprefix('run_')}: {problem}", STORE_UNUSABLE)
+                return _error(f"{command}: {problem}", STORE_UNUSABLE)
+            problem = unknown_device(getattr(args, "device", None))
+            if problem:
+                return _error(f"{command}: {problem}")
             return run(args)
         return checked
     return decorate
+
+
+def unknown_device(device: str | None) -> str:
+    """Why ``--device`` is not a device of the store or of this process ('' when it is, or
+    when none was given); every command's ``--device`` is checked here.
+
+        >>> unknown_device("bogus")
+        "--device 'bogus' is not a device of this store or process; known: cpu-AMD-EPYC-x2-mem0-avx2"
+    """
+    if device is None:
+        return ""
+    known = sorted(set(stored_devices()) | {t.device.fingerprint for t in current_tuners()})
+    if device in known:
+        return ""
+    return (f"--device {device!r} is not a device of this store or process; "
+            f"known: {', '.join(known) or 'none'}")
 
 
 def _database(write: bool, create: bool = True) -> str:
@@ -161,6 +186,28 @@ def _database(write: bool, create: bool = True) -> str:
     if not store.path.exists() and not (write and create):
         return ""
     return store.check(write=write)
+
+
+def _clear_question(args) -> str:
+    """What ``clear`` asks before it deletes: which decisions, of which database."""
+    store = current_tuners()[0].store
+    devices = [args.device] if args.device else stored_devices()
+    what = (f"the stored decisions of {', '.join(devices)}" if devices else "every stored decision")
+    if args.compilation_cache:
+        what += f" and the compiled executables in {compile_cache.directory_for(config.get('cache_dir'))}"
+    return f"Delete {what} from {store.path} (throughput probes stay)? [y/N] "
+
+
+def _confirmed(question: str) -> bool:
+    """Ask on stderr, read the answer from stdin: yes only for 'y' or 'yes'."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        answer = ""
+    if not answer.endswith("\n"):
+        print(file=sys.stderr)  # end the question's line (end of input, Ctrl-C)
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _current_table() -> TuneTable:
@@ -195,9 +242,19 @@ def run_explain(args) -> int:
 
 @_using_database(write=False)
 def run_export(args) -> int:
+    folder = os.path.dirname(os.path.abspath(args.path))
+    if os.path.isdir(args.path):
+        return _error(f"export: {args.path} is a folder; give the path of a file to write")
+    if not os.path.isdir(folder):
+        return _error(f"export: the folder {folder} does not exist (export makes no folders)")
     exported = _current_table()
+    if args.device is not None:
+        exported = dataclasses.replace(exported, devices={args.device: exported.devices[args.device]}
+                                       if args.device in exported.devices else {})
     try:
-        path = exported.save(args.path)
+        path = exported.save(args.path, overwrite=args.force)
+    except FileExistsError:
+        return _error(f"export: {args.path} exists; pass --force to replace it")
     except OSError as err:
         return _error(f"export: cannot write {args.path}: {err}", STORE_UNUSABLE)
     print(f"exported {len(exported)} decisions of {len(exported.devices)} device(s) to {path}")
@@ -227,11 +284,11 @@ def run_import(args) -> int:
 
 @_using_database(write=True, create=False)
 def run_clear(args) -> int:
-    if args.device is not None:
-        known = sorted(set(stored_devices()) | {t.device.fingerprint for t in current_tuners()})
-        if args.device not in known:
-            return _error(f"clear: --device {args.device!r} is not a device of this store or "
-                          f"process; known: {', '.join(known) or 'none'}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return _error("clear: pass --yes to delete when stdin is not a terminal (nothing deleted)")
+        if not _confirmed(_clear_question(args)):
+            return _error("clear: not confirmed; nothing deleted", STORE_UNUSABLE)
     deleted = clear_decisions(args.device)
     what = f"of {args.device}" if args.device else "of every device"
     print(f"deleted {deleted} stored decisions {what} (throughput probes kept)")
@@ -244,35 +301,3 @@ def run_clear(args) -> int:
         print(f"deleted {removed} compiled executables from {directory}")
     return 0
 
-
-EXIT_STATUS = "exit status: 0 done, 1 the store cannot be used, 2 a bad argument"
-
-
-def register(subparsers) -> None:
-    show = subparsers.add_parser("show", epilog=EXIT_STATUS, help="list tuned decisions",
-                                 description="One line per decision: winner, its time, XLA's "
-                                             "time, speedup, roofline fraction, samples, outcomes.")
-    show.add_argument("--device", default=None, help="only this device fingerprint")
-    show.add_argument("--key", default=None, help="only keys containing this text (or this id)")
-    show.set_defaults(func=run_show)
-
-    explain = subparsers.add_parser("explain", epilog=EXIT_STATUS, help="every candidate of one decision")
-    explain.add_argument("key", help="an id or key from `show`, a canonical key, or a unique "
-                                              "substring of one")
-    explain.add_argument("--device", default=None, help="only this device fingerprint")
-    explain.set_defaults(func=run_explain)
-
-    export = subparsers.add_parser("export", epilog=EXIT_STATUS, help="write the tune table to a JSON file")
-    export.add_argument("path", help="output file, e.g. tune_table.json")
-    export.set_defaults(func=run_export)
-
-    imported = subparsers.add_parser("import", epilog=EXIT_STATUS, help="load a JSON tune table into the store")
-    imported.add_argument("path", help="a file written by `export` or TuneTable.save")
-    imported.set_defaults(func=run_import)
-
-    clear = subparsers.add_parser("clear", epilog=EXIT_STATUS, help="delete stored decisions (probes stay)")
-    clear.add_argument("--device", default=None,
-                       help="only this device fingerprint (one the store knows, as show prints it)")
-    clear.add_argument("--compilation-cache", action="store_true",
-                       help="also delete the compiled executables kept beside the store")
-    clear.set_defaults(func=run_clear)
