@@ -1,0 +1,45 @@
+"""``import jax_autotune``: light until a public name is used (the command line starts
+without jax), and the same package as before once it is."""
+
+import os
+import subprocess
+import sys
+
+import jax_autotune as jat
+
+CODE = """
+import sys
+{first}
+import jax_autotune as jat
+light = "jax" not in sys.modules
+import jax
+before = jax.config.jax_compilation_cache_dir
+jat.matmul  # the first use of a public name
+print(light, before is not None, jax.config.jax_compilation_cache_dir is not None)
+"""
+
+
+def run(first, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_AUTOTUNE_", "JAX_COMPILATION"))}
+    env["JAX_AUTOTUNE_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-P", "-c", CODE.format(first=first)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_import_is_light_and_the_first_use_points_jax_cache_beside_the_store(tmp_path):
+    assert run("", tmp_path) == ["True", "False", "True"]
+
+
+def test_after_jax_the_import_loads_everything_at_once(tmp_path):
+    assert run("import jax", tmp_path) == ["False", "True", "True"]
+
+
+def test_every_public_name_resolves_and_the_functions_keep_their_names():
+    assert all(getattr(jat, name) is not None for name in jat.__all__)
+    assert set(jat.__all__) <= set(dir(jat))
+    import jax_autotune.autotune  # noqa: F401  (the submodules of the same names)
+    import jax_autotune.warmup  # noqa: F401
+    assert callable(jat.warmup) and callable(jat.autotune)
+    assert jat.warmup.__module__ == "jax_autotune.warmup"
