@@ -3,7 +3,6 @@ and (in a fresh process, from the README example) used with no tuning at all."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +20,10 @@ from jax_autotune.checkpoint import TUNE_TABLE_FILENAME, TuneTableRestore, TuneT
 from jax_autotune.tuning.store import TuneStore  # noqa: E402
 from jax_autotune.tables.install import table  # noqa: E402
 from jax_autotune.tables.table_file import TuneTableError  # noqa: E402
+import readme  # noqa: E402
 from test_table import PROBLEM_A, make_tuner, tuned_tuner  # noqa: E402,F401
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
-
-DOC = Path(__file__).resolve().parents[1] / "README.md"  # its shipping example
 
 
 @pytest.fixture
@@ -132,12 +130,6 @@ def test_saving_something_else_than_a_tune_table_names_the_argument():
 
 # ---------------------------------------------------------------- the README example, end to end
 
-def doc_files() -> dict[str, str]:
-    """The ``# file: NAME`` python blocks of the README's shipping example."""
-    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), re.S)
-    return {name: code for name, code in blocks}
-
-
 def run_example(script, cwd, cache_dir, counting=False, **env):
     """Run one README script in a fresh process (``counting``: under tests/compile_counter.py,
     whose JSON line then comes last)."""
@@ -153,10 +145,11 @@ def run_example(script, cwd, cache_dir, counting=False, **env):
     return done.stdout
 
 
+@pytest.mark.slow
 def test_a_fresh_process_restores_the_checkpoint_and_tunes_nothing(tmp_path):
     assert callable(getattr(jat, "table", None)) and callable(getattr(jat, "load_table", None)), \
         "export table and load_table from jax_autotune/__init__.py (from jax_autotune.tables.table_file)"
-    files = doc_files()
+    files = readme.files()  # the README's shipping example
     assert set(files) == {"model.py", "train_and_save.py", "serve.py"}
     for name, code in files.items():
         (tmp_path / name).write_text(code)
