@@ -3,10 +3,13 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from jax_autotune.cli import main
 from jax_autotune.cli.shapes import fresh_cache_dir
 
 
+@pytest.mark.slow
 def test_shapes_runs_cold_then_warm_and_the_warm_process_tunes_nothing(tmp_path, capsys):
     report = tmp_path / "shapes.json"
     cache = tmp_path / "cache"

@@ -65,6 +65,7 @@ def run(tmp_path, winner, *extra, **env):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_warm_process_tunes_and_compiles_nothing(tmp_path):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
     cold = run(tmp_path, "tune")
@@ -77,6 +78,7 @@ def test_a_warm_process_tunes_and_compiles_nothing(tmp_path):
     assert warm["error"] < 1e-3
 
 
+@pytest.mark.slow
 def test_a_warm_process_tunes_nothing_for_a_sharded_matmul_but_compiles_it_again(tmp_path):
     """The per-shard kernel is chosen while XLA partitions the program (custom_partitioning),
     and JAX keys such a program by a per-process callback id, so a warm process compiles it
@@ -94,6 +96,7 @@ def test_a_warm_process_tunes_nothing_for_a_sharded_matmul_but_compiles_it_again
     assert warm["requests"] == 1 and warm["compiles"] == 1 and warm["hits"] == 0
 
 
+@pytest.mark.slow
 def test_a_changed_decision_is_never_served_a_stale_executable(tmp_path):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
     native = run(tmp_path, "native")

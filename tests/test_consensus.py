@@ -237,6 +237,7 @@ def assert_one_decision_per_key(results, keys):
     assert sum(r["stats"]["tuned"] for r in results.values()) <= len(keys)  # each key tuned once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [2, 4])
 def test_a_jax_distributed_job_agrees_on_every_key_and_tunes_each_once(tmp_path, count):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
@@ -250,6 +251,7 @@ def test_a_jax_distributed_job_agrees_on_every_key_and_tunes_each_once(tmp_path,
     assert sum(r["stats"]["tuned"] for r in results.values()) == len(keys)
 
 
+@pytest.mark.slow
 def test_a_slow_claimer_is_waited_for_and_adopted(tmp_path):
     results = run_processes(tmp_path, "slow", 2)
     (key,) = results[0]["keys"]
@@ -258,6 +260,7 @@ def test_a_slow_claimer_is_waited_for_and_adopted(tmp_path):
     assert results[0]["stats"]["tuned"] == 0
 
 
+@pytest.mark.slow
 def test_a_claimer_killed_while_tuning_does_not_hang_its_peer(tmp_path):
     # run_processes bounds each process (240 s); the peer gives up after PEER_WAIT_S
     results = run_processes(tmp_path, "killed", 2, kill=1, PEER_WAIT_S="3")
@@ -265,6 +268,7 @@ def test_a_claimer_killed_while_tuning_does_not_hang_its_peer(tmp_path):
     assert results[0]["keys"][key] == {"winner": "xla_dot", "source": "fallback"}
 
 
+@pytest.mark.slow
 def test_four_processes_on_one_store_tune_each_key_once_and_agree(tmp_path):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
     results = run_processes(tmp_path, "host", 4)

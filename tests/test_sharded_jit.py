@@ -29,6 +29,7 @@ DEVICES = 4
 four_devices = pytest.mark.skipif(jax.device_count() < DEVICES, reason="runs in the child process")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() >= DEVICES, reason="the child process itself")
 def test_the_sharded_tests_pass_on_four_host_devices(tmp_path):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",

@@ -474,6 +474,7 @@ _SERVE_AS_NOBODY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
