@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import jax_autotune as jat
 
 CODE = """
@@ -28,10 +30,12 @@ def run(first, tmp_path):
     return done.stdout.split()
 
 
+@pytest.mark.slow
 def test_import_is_light_and_the_first_use_points_jax_cache_beside_the_store(tmp_path):
     assert run("", tmp_path) == ["True", "False", "True"]
 
 
+@pytest.mark.slow
 def test_after_jax_the_import_loads_everything_at_once(tmp_path):
     assert run("import jax", tmp_path) == ["False", "True", "True"]
 
