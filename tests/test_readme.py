@@ -40,7 +40,7 @@ def test_a_readme_block_runs_as_pasted(block, fresh_tuning, tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(folder))
     for name in readme.files():  # a module of the README's program, imported fresh here
         monkeypatch.delitem(sys.modules, name.removesuffix(".py"), raising=False)
-    config.update("budget_seconds", 0.3)
+    config.update("budget_seconds", 0.1)
     try:
         exec(compile(block.code, f"README.md:{block.line}", "exec"), {"__name__": "__main__"})
     finally:
