@@ -128,7 +128,7 @@ def main() -> None:
     from jax_autotune.problem import MatmulProblem
     from jax_autotune.tuning.plan import make_plan
     from jax_autotune.tuning.timing import random_operands
-    from jax_autotune.tuners import tuner_for
+    from jax_autotune.registry import tuner_for
 
     from jax_autotune.tuning.probes import Probes
     probe_seconds: dict[str, float] = {}

@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     import jax
     from jax._src import compiler
-    from jax_autotune.tuners import tuner_for
+    from jax_autotune.registry import tuner_for
 
     if args.cache:
         jax.config.update("jax_compilation_cache_dir", args.cache)

@@ -110,7 +110,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
     import jax_autotune as jat
     from jax_autotune.kernels.xla import xla_dot
     from jax_autotune.problem import MatmulProblem
-    from jax_autotune.tuners import tuner_for
+    from jax_autotune.registry import tuner_for
     from jax_autotune.tuning import counters
     from jax_autotune.tuning.timing import random_operands
 

@@ -19,7 +19,7 @@ import jax
 from report import write_results
 
 from jax_autotune.tuning.probes import LAUNCH_MAX, LAUNCH_MAX_SECONDS, sample_launch_overhead
-from jax_autotune.tuners import tuner_for
+from jax_autotune.registry import tuner_for
 
 
 def main() -> None:

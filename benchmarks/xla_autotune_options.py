@@ -43,7 +43,7 @@ GPT2_KEYS = ("bf16:8192x2304x768,bf16:768x2304x8192,bf16:8192x768x2304,bf16:8192
 def _setup():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax
-    from jax_autotune.tuners import tuner_for
+    from jax_autotune.registry import tuner_for
     return jax, tuner_for(jax.default_backend())
 
 

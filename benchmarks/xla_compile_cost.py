@@ -133,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import jax
-    from jax_autotune.tuners import tuner_for
+    from jax_autotune.registry import tuner_for
 
     tuner = tuner_for(jax.default_backend())
     report = {"jax": jax.__version__, "bare_first": args.bare_first,

@@ -26,12 +26,15 @@ from jax_autotune._version import __version__
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's records: tuning/progress.py
 
 __all__ = [
-    "CandidateResult", "Decision", "DecisionLogWarning", "JaxAutotuneConsensusWarning",
-    "JaxAutotuneStoreWarning", "KeyNotTunedError", "Kind", "Layout", "Level", "MatmulKey",
-    "MatmulProblem", "NativeKernelsWarning", "NoTunedMatmulWarning", "Precision", "Scale",
-    "TuneTable", "TuneTableError", "TuneTableWarning", "WarmupReport", "__version__", "autotune",
+    "CandidateResult", "Decision", "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem",
+    "Precision", "Scale", "TuneTable", "WarmupReport", "__version__", "autotune",
     "config", "deserialize", "dot_general", "export", "export_allowing", "export_disabled_checks",
     "key_for", "load_table", "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
+    # jax_autotune.errors: two bases, then every error and warning (and two earlier names)
+    "JaxAutotuneError", "JaxAutotuneWarning", "ConfigError", "KeyNotTunedError", "TuneTableError",
+    "ShardKernelError", "NotARegularFileError", "ConfigWarning", "StoreWarning", "ConsensusWarning",
+    "DecisionLogWarning", "NativeKernelsWarning", "TuneTableWarning", "NoTunedMatmulWarning",
+    "JaxAutotuneStoreWarning", "JaxAutotuneConsensusWarning",
 ]
 _LOADED_HERE = {"__version__", "config"}
 

@@ -14,11 +14,12 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.serving import (deserialize, export, export_allowing, export_disabled_checks,
                                   native_targets)
 from jax_autotune.tables.install import load_table, table
-from jax_autotune.tables.table_file import TuneTable, TuneTableError, TuneTableWarning
+from jax_autotune.errors import (ConfigError, ConfigWarning, ConsensusWarning, DecisionLogWarning,
+                                 JaxAutotuneConsensusWarning, JaxAutotuneError, JaxAutotuneStoreWarning,
+                                 JaxAutotuneWarning, KeyNotTunedError, NativeKernelsWarning,
+                                 NoTunedMatmulWarning, NotARegularFileError, ShardKernelError,
+                                 StoreWarning, TuneTableError, TuneTableWarning)
+from jax_autotune.tables.table_file import TuneTable
 from jax_autotune.tuning.counters import reset_stats, stats
-from jax_autotune.tuners import NativeKernelsWarning
-from jax_autotune.tuning.consensus import JaxAutotuneConsensusWarning
-from jax_autotune.tuning.decision import CandidateResult, Decision, DecisionLogWarning
-from jax_autotune.tuning.store import JaxAutotuneStoreWarning
-from jax_autotune.tuning.tuner import KeyNotTunedError
-from jax_autotune.warmup import NoTunedMatmulWarning, WarmupReport, warmup
+from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.warmup import WarmupReport, warmup

@@ -40,6 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from jax_autotune.errors import ConfigError, ConfigWarning
 from jax_autotune.files import open_regular
 from jax_autotune.key import Level
 
@@ -48,14 +49,6 @@ CONTEXTS = ("full", "forward", "off")
 PROGRESS = ("auto", "on", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-
-class ConfigError(ValueError):
-    """A bad setting name or value; the message names it and what is allowed."""
-
-
-class ConfigWarning(UserWarning):
-    """A ``pyproject.toml`` that may hold ``[tool.jax_autotune]`` cannot be read: defaults."""
 
 
 def _parse_bool(name: str, value: Any) -> bool:

@@ -17,15 +17,12 @@ from __future__ import annotations
 import os
 import stat
 from typing import BinaryIO
+from jax_autotune.errors import NotARegularFileError
 
 __all__ = ["NotARegularFileError", "check_regular", "open_regular"]
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-class NotARegularFileError(OSError):
-    """The path names a folder, FIFO, device or socket: nothing is read from it."""
 
 
 def open_regular(path: str | os.PathLike) -> BinaryIO:

@@ -42,7 +42,7 @@ from jax_autotune.kernels.xla import XLA_DOT, dimension_numbers, lax_precision, 
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import (ShardKernels, explicit_sharding, lowering_targets_many_devices,
                                    partitioned_matmul)
-from jax_autotune.tuners import has_devices, tuner_for
+from jax_autotune.registry import has_devices, tuner_for
 from jax_autotune.tuning.export_choice import emitted_candidate
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)

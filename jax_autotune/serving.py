@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 
 from jax_autotune.kernels.gpu import cublaslt
-from jax_autotune.tuners import native_module
+from jax_autotune.registry import native_module
 from jax_autotune.tuning import export_safety
 
 

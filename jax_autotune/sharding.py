@@ -34,10 +34,11 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jax_autotune.errors import ShardKernelError
 import jax_autotune.config as config
 from jax_autotune.kernels.xla import xla_dot
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuners import tuner_for
+from jax_autotune.registry import tuner_for
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2; without them: the global kernel
     from jax._src.core import ShardingTypeError
@@ -49,10 +50,6 @@ except ImportError:  # pragma: no cover - depends on the jax version
         pass
 
 FACTORS = ("b", "m", "n", "k")  # which factor keeps a mesh axis two of them claim
-
-
-class ShardKernelError(RuntimeError):
-    """No kernel for a per-shard problem inside XLA's partitioner (the message names the key)."""
 
 
 # ---------------------------------------------------------------- the shard plan

@@ -40,13 +40,14 @@ from typing import Any, Callable, Iterable, Iterator
 import jax
 import jax.numpy as jnp
 
+from jax_autotune.errors import NoTunedMatmulWarning
 from jax_autotune.tuning.decision import Decision
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.autotune import _tuner_serves
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.tuners import tuner_for
+from jax_autotune.registry import tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
@@ -60,11 +61,6 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
     _dce_jaxpr = None
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
-
-
-class NoTunedMatmulWarning(UserWarning):
-    """``warmup(fn)`` found no matmul of ``fn`` that a compile of it would tune (e.g. the
-    plain ``jnp``/``lax`` matmuls of a function not wrapped in ``jat.autotune``)."""
 
 
 @dataclasses.dataclass(frozen=True)

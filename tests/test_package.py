@@ -47,3 +47,26 @@ def test_every_public_name_resolves_and_the_functions_keep_their_names():
     import jax_autotune.warmup  # noqa: F401
     assert callable(jat.warmup) and callable(jat.autotune)
     assert jat.warmup.__module__ == "jax_autotune.warmup"
+
+
+def test_every_error_and_warning_has_a_common_base_and_is_exported():
+    import inspect
+
+    import jax_autotune as jat
+    from jax_autotune import errors
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert {c.__name__ for c in classes} <= set(jat.__all__)
+    for c in classes:
+        base = jat.JaxAutotuneWarning if issubclass(c, Warning) else jat.JaxAutotuneError
+        assert issubclass(c, base) and c.__name__.endswith(("Error", "Warning"))
+        assert getattr(jat, c.__name__) is c
+    assert jat.JaxAutotuneStoreWarning is jat.StoreWarning and jat.JaxAutotuneConsensusWarning is jat.ConsensusWarning
+    assert issubclass(jat.ConfigError, ValueError) and issubclass(jat.KeyNotTunedError, RuntimeError)
+
+
+def test_the_registry_keeps_its_earlier_import_path():
+    import jax_autotune.registry
+    import jax_autotune.tuners
+    assert jax_autotune.tuners is jax_autotune.registry
+    from jax_autotune.tuners import tuner_for
+    assert tuner_for is jax_autotune.registry.tuner_for

@@ -30,7 +30,7 @@ from jax_autotune.tables.install import (clear_decisions, install_table, read_ta
                                          table)
 from jax_autotune.tables.summary import SummaryRow, key_id
 from jax_autotune.tables.table_file import TuneTable, TuneTableError
-from jax_autotune.tuners import current_tuners
+from jax_autotune.registry import current_tuners
 from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.decision import Decision
 

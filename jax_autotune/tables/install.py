@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
-from jax_autotune.tuners import built_tuners, current_tuners
+from jax_autotune.registry import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
 from jax_autotune.tuning.store import TuneStore, open_store

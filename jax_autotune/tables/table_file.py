@@ -54,6 +54,7 @@ from typing import Any, Iterator, Mapping
 
 import jax
 
+from jax_autotune.errors import TuneTableWarning
 from jax_autotune._version import __version__
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
@@ -67,10 +68,6 @@ __all__ = ["LIMITS", "SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTabl
 
 SCHEMA = "jax_autotune.tune_table"
 SCHEMA_VERSION = 1
-
-
-class TuneTableWarning(UserWarning):
-    """Entries of a tune table were skipped because this build cannot use them."""
 
 
 @dataclasses.dataclass(frozen=True)

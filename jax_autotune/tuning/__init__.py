@@ -5,5 +5,5 @@ key -> ``plan`` (rounds) -> ``bench`` (adaptive benchmark, with ``timing``,
 driven by ``tuner.Tuner``; ``candidates`` are the types kernel families are built from,
 ``device`` the facts a candidate may ask of a device, ``rules`` every constant of the
 benchmark, ``counters`` what ``jax_autotune.stats()`` reports. Nothing here imports a
-kernel family: the registry (``jax_autotune.tuners``) hands each Tuner its candidate set.
+kernel family: the registry (``jax_autotune.registry``) hands each Tuner its candidate set.
 """

@@ -37,15 +37,12 @@ import time
 import warnings
 from typing import Callable
 
+from jax_autotune.errors import ConsensusWarning, JaxAutotuneConsensusWarning
 from jax_autotune._version import __version__
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.store import TuneStore
 
 _MAX_TIMEOUT_MS = 2**31 - 1
-
-
-class JaxAutotuneConsensusWarning(UserWarning):
-    """A peer did not decide a key in time (or the job's key-value store failed): XLA's dot."""
 
 
 def _status(err: BaseException) -> str:
@@ -126,7 +123,7 @@ def decide_in_job(job: Job, path: str, propose: Callable[[], Decision],
             raise
     warnings.warn(f"jax_autotune: no decision from the process tuning {path} within "
                   f"{wait_seconds:.0f} s; every process uses XLA's dot for it",
-                  JaxAutotuneConsensusWarning, stacklevel=4)
+                  ConsensusWarning, stacklevel=4)
     mine = fallback(f"no peer decided within {wait_seconds:.0f} s")
     published = insert(mine)
     return published, "fallback" if published is mine else "adopted"
@@ -175,7 +172,7 @@ def decide_on_host(store: TuneStore, namespace: str, key_string: str, checksum: 
         if clock() > deadline:
             warnings.warn(f"jax_autotune: process {value} holds the tuning of a key for over "
                           f"{wait_seconds:.0f} s; using XLA's dot for it in this process",
-                          JaxAutotuneConsensusWarning, stacklevel=4)
+                          ConsensusWarning, stacklevel=4)
             return fallback(f"another process kept tuning this key over {wait_seconds:.0f} s"), "fallback"
         waited = True
         sleep(pause * (0.5 + random.random()))

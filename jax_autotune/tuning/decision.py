@@ -23,6 +23,7 @@ import time
 import warnings
 from typing import Any
 
+from jax_autotune.errors import DecisionLogWarning
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
 
@@ -147,10 +148,6 @@ class Decision:
                    reason=str(data.get("reason", "")),
                    export_kernel=str(data.get("export_kernel") or ""),
                    export_reason=str(data.get("export_reason") or ""))
-
-
-class DecisionLogWarning(UserWarning):
-    """The decision log (``JAX_AUTOTUNE_LOG_DECISIONS``) cannot be written; tuning goes on."""
 
 
 _log_lock = threading.Lock()

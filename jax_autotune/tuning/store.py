@@ -29,7 +29,7 @@ The file is created (with its directory) on the first write, in WAL journal mode
 30 s busy timeout, so several processes and threads can read and write one database at
 once. The store never raises for disk trouble: if the database cannot be opened, read or
 written (read-only directory, a file that is not a database, a full disk ...), it emits one
-:class:`JaxAutotuneStoreWarning` naming the path and the error and from then on behaves as
+:class:`StoreWarning` naming the path and the error and from then on behaves as
 a memory-only store (reads miss, writes are dropped; the tuner's in-memory table keeps the
 decisions). A row whose value is not a JSON object is skipped, with one warning per store;
 so is a decision row that breaks a tune-table entry's rules (``tuner.stored_decision``).
@@ -62,10 +62,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from jax_autotune.errors import JaxAutotuneStoreWarning, StoreWarning
 import jax_autotune.config as config
 from jax_autotune.files import check_regular
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "JaxAutotuneStoreWarning", "StoreEntry", "TuneStore", "open_store"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "StoreWarning", "StoreEntry", "TuneStore", "open_store"]
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -90,10 +91,6 @@ CREATE TABLE IF NOT EXISTS claims (
 
 # Errors that mean "the disk store does not work"; anything else is a bug and propagates.
 _DISK_ERRORS = (sqlite3.Error, OSError)
-
-
-class JaxAutotuneStoreWarning(UserWarning):
-    """The tune store cannot use its database (or skipped a bad row); decisions stay in memory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +254,7 @@ class TuneStore:
                 warnings.warn(f"jax_autotune: the tune store database {self._path} is read-only "
                               f"for this process: its decisions are used, new ones stay in "
                               f"memory (they are tuned again by the next process).",
-                              JaxAutotuneStoreWarning, stacklevel=5)
+                              StoreWarning, stacklevel=5)
             return conn
         raise error
 
@@ -282,7 +279,7 @@ class TuneStore:
             warnings.warn(f"jax_autotune: cannot use the tune store database {self._path}: "
                           f"{type(err).__name__}: {err}. Tuning decisions stay in memory for "
                           f"this process (they will be re-tuned next time).",
-                          JaxAutotuneStoreWarning, stacklevel=3)
+                          StoreWarning, stacklevel=3)
 
     def _decode(self, namespace: str, key: str, checksum: str, text: Any) -> dict | None:
         """The row's value as a dict, or None (with one warning per store) if it is not a
@@ -308,7 +305,7 @@ class TuneStore:
                           f"{self._path} (namespace={namespace!r}, key={key!r}, "
                           f"checksum={checksum!r}): {reason}. That entry (and any other bad "
                           f"row of this database) is treated as missing until it is re-tuned.",
-                          JaxAutotuneStoreWarning, stacklevel=4)
+                          StoreWarning, stacklevel=4)
 
     # -- API ----------------------------------------------------------------------------
 

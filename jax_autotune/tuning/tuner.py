@@ -20,7 +20,7 @@ Errors never escape tuning: if anything fails, the decision is XLA's dot with th
 (a bad setting, e.g. ``budget_seconds``, is the user's: its ``ConfigError`` propagates).
 A tuning that measured nothing valid is a fallback, kept in memory only.
 
-    >>> tuner = jax_autotune.tuners.tuner_for("cpu")      # the registry builds tuners
+    >>> tuner = jax_autotune.registry.tuner_for("cpu")      # the registry builds tuners
     >>> decision = tuner.select(problem)
     >>> tuner.candidate(decision.winner).fn(lhs, rhs, problem)
 """
@@ -38,13 +38,14 @@ from typing import Callable, Iterable
 
 import jax
 
+from jax_autotune.errors import KeyNotTunedError
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters, progress, xla_priming
 from jax_autotune.tuning.bench import CompileQueue, KeyBenchmark
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
-from jax_autotune.tuning.consensus import (JaxAutotuneConsensusWarning, current_job, decide_in_job,
+from jax_autotune.tuning.consensus import (ConsensusWarning, current_job, decide_in_job,
                                            decide_on_host, job_key)
 from jax_autotune.tuning.correctness import prepare_check, reference
 from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
@@ -54,7 +55,7 @@ from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning.namespaces import decision_namespace
-from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore, open_store
+from jax_autotune.tuning.store import StoreWarning, TuneStore, open_store
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import Timer, checked_problem, random_operands, timer_for
 from jax_autotune.tuning.validation import TuneTableError, parse_entry
@@ -72,10 +73,6 @@ class PhaseClock:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
-
-
-class KeyNotTunedError(RuntimeError):
-    """Mode ``require`` met a key that is not in the tune table."""
 
 
 def stored_decision(store: TuneStore, namespace: str, key: str, checksum: str,
@@ -202,7 +199,7 @@ class Tuner:
             if key not in self._rejected:
                 self._rejected[key] = reason
                 warnings.warn(f"jax_autotune: ignoring the stored decision of {self.store.path}: "
-                              f"{reason}; {_instead(mode or config.get('mode'))}", JaxAutotuneStoreWarning,
+                              f"{reason}; {_instead(mode or config.get('mode'))}", StoreWarning,
                               stacklevel=4)
             return None, reason
         return decision.with_source("store"), ""
@@ -277,7 +274,7 @@ class Tuner:
             except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
                 warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
                               f"{str(err)[:200]}); XLA's dot for this key in this process",
-                              JaxAutotuneConsensusWarning, stacklevel=3)
+                              ConsensusWarning, stacklevel=3)
                 decision, how = fallback("the job's key-value store failed"), "fallback"
             if how == "proposed" and stored is not None:
                 how = "stored"

@@ -19,6 +19,7 @@ import itertools
 import json
 from typing import Any
 
+from jax_autotune.errors import TuneTableError
 from jax_autotune.tuning.decision import OUTCOMES, Decision
 
 __all__ = ["LIMITS", "TuneTableError", "cap", "check_text_size", "field", "parse_entry", "shown"]
@@ -31,11 +32,6 @@ __all__ = ["LIMITS", "TuneTableError", "cap", "check_text_size", "field", "parse
 LIMITS = {"characters per string": 4096, "entries per device": 100_000, "devices": 1024,
           "candidates per device": 1000, "results per entry": 1000, "samples per result": 1000,
           "bounds fields": 64, "bytes of text": 2**26, "JSON values": 2**22}
-
-
-class TuneTableError(ValueError):
-    """A tune table that cannot be read: not JSON, another schema or version, or a field of
-    the wrong type. The message names the file (when known) and the field."""
 
 
 _NUMBER = "number"

@@ -1,0 +1,178 @@
+"""Internal: the registry, one Tuner per platform, holding that platform's kernel family.
+
+``tuner_for(platform)`` builds the process's tuner for a platform once: the device's
+facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
+``kernels.gpu`` on GPUs, XLA's dot alone elsewhere) and the configured store. When
+``cache``, ``cache_dir`` or ``environment`` change, the tuner switches to that store. With
+the disk store and ``compilation_cache`` on, JAX's persistent compilation cache is pointed
+beside the store (``tuning.compile_cache``) when this module is imported, so that every
+program of the process, not only the matmuls, is served from it in the next process.
+
+    >>> from jax_autotune.registry import tuner_for
+    >>> tuner = tuner_for("cpu")
+    >>> tuner.select(problem).winner
+    'native_small_avx2_t1'
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import jax
+
+from jax_autotune.errors import NativeKernelsWarning
+import jax_autotune.config as config
+from jax_autotune.kernels.xla import XLA_DOT
+from jax_autotune.tuning import compile_cache
+from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
+from jax_autotune.tuning.device import DeviceInfo, device_info
+from jax_autotune.tuning.store import open_store
+from jax_autotune.tuning.tuner import Tuner
+
+_tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
+_store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment) each tuner uses
+_compile_settings: tuple | None = None  # the (cache, cache_dir, compilation_cache) in effect
+_tuners_lock = threading.Lock()
+_warned_native = False
+
+
+def native_module(platform: str):
+    """The native CPU kernel module where the extension is built, else None (on a CPU,
+    with one ``NativeKernelsWarning`` per process saying how to build it).
+
+    Imported here, not at module level: a source checkout without the built extension
+    (or a GPU-only process) must still import the package.
+    """
+    global _warned_native
+    if platform != "cpu":
+        return None
+    try:
+        from jax_autotune.kernels.cpu import native
+    except ImportError as err:
+        if not _warned_native:
+            _warned_native = True
+            warnings.warn(f"jax_autotune: the native CPU kernels are not built ({err}); CPU "
+                          f"matmuls use XLA's dot only. To build them in a source checkout: "
+                          f"pip install --no-build-isolation -e . (see BUILD.md)",
+                          NativeKernelsWarning, stacklevel=2)
+        return None
+    return native
+
+
+def candidate_set_for(device: DeviceInfo) -> CandidateSet:
+    """The candidate set of a device; XLA's dot alone where no family applies.
+
+    A family is imported only for its platform: the GPU kernels never load on a CPU-only
+    process, the native extension never on a GPU-only one.
+    """
+    try:
+        if device.platform == "cpu":
+            from jax_autotune.kernels.cpu.candidates import cpu_candidate_set
+            return cpu_candidate_set(device)
+        if device.platform == "gpu":
+            from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+            return gpu_candidate_set(device)
+    except ImportError:
+        pass
+    builder = CandidateSetBuilder(device.platform, device.device_kind)
+    builder.add(XLA_DOT)
+    return builder.build()
+
+
+def _current_store_settings() -> tuple:
+    return (config.get("cache"), config.get("cache_dir"), config.get("environment"))
+
+
+def _follow_compilation_cache_setting() -> None:
+    """Point JAX's compilation cache beside the store, or stop, when the settings changed
+    (one process-wide cache, whatever the platform)."""
+    global _compile_settings
+    settings = (config.get("cache"), config.get("cache_dir"), config.get("compilation_cache"))
+    if settings == _compile_settings:
+        return
+    cache, cache_dir, compilation = settings
+    if cache and compilation:
+        compile_cache.enable(compile_cache.directory_for(cache_dir))
+    else:
+        compile_cache.disable()
+    _compile_settings = settings
+
+
+def _build(platform: str) -> Tuner:
+    jax_device = jax.local_devices(backend=platform)[0]  # this process's own, in a multi-process job
+    native = native_module(jax_device.platform)
+    device = (device_info(jax_device, native.cpu_features(), native.isa()) if native
+              else device_info(jax_device))
+    return Tuner(device, candidate_set_for(device), jax_device=jax_device, native=native)
+
+
+def has_devices(platform: str) -> bool:
+    """Whether this process has a device of ``platform`` ('cpu', 'gpu', 'cuda', ...): a
+    lowering for a platform absent here (a multi-platform export) cannot tune for it.
+
+        >>> has_devices("cpu"), has_devices("cuda")      # on a CPU-only host
+        (True, False)
+    """
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
+def tuner_for(platform: str) -> Tuner:
+    """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once.
+
+    When ``cache``, ``cache_dir`` or ``environment`` changed since, it switches to that
+    store (its memory table of decisions stays).
+    """
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    settings = _current_store_settings()
+    with _tuners_lock:
+        tuner = _tuners.get(platform)
+        previous = _store_settings.get(platform)
+        if tuner is None:
+            tuner = _tuners[platform] = _build(platform)
+        elif previous != settings:
+            tuner.use_store(open_store())
+        _store_settings[platform] = settings
+        _follow_compilation_cache_setting()
+        return tuner
+
+
+def built_tuners() -> list[Tuner]:
+    """The tuners ``tuner_for`` has built in this process."""
+    with _tuners_lock:
+        return list(_tuners.values())
+
+
+def current_tuners() -> list[Tuner]:
+    """The tuner of ``jax.default_backend()`` (built if needed) and every other live tuner."""
+    default = tuner_for(jax.default_backend())
+    return [default] + [t for t in built_tuners() if t is not default]
+
+
+def _use_compilation_cache_at_import() -> None:
+    try:
+        with _tuners_lock:
+            _follow_compilation_cache_setting()
+    except config.ConfigError as err:  # a bad setting is reported where it is used
+        warnings.warn(f"jax_autotune: JAX's compilation cache not set up: {err}", stacklevel=2)
+
+
+_use_compilation_cache_at_import()
+
+
+def reset_tuners() -> None:
+    """Forget every tuner (memory tables, probes, store handles); the next use rebuilds.
+
+    Tests use it for a clean slate; a changed ``cache``, ``cache_dir`` or ``environment``
+    needs no reset (``tuner_for`` switches stores).
+    """
+    global _compile_settings
+    with _tuners_lock:
+        for tuner in _tuners.values():
+            tuner.store.close()
+        _tuners.clear()
+        _store_settings.clear()
+        _compile_settings = None
