@@ -21,6 +21,7 @@ setting in it.
 | cache          | JAX_AUTOTUNE_CACHE             | true (0 turns the disk store off)|
 | cache_dir      | JAX_AUTOTUNE_CACHE_DIR         | the user cache dir (platformdirs)|
 | environment    | JAX_AUTOTUNE_ENVIRONMENT       | default                          |
+| store          | JAX_AUTOTUNE_STORE             | sqlite (directory: a shared filesystem; memory) |
 | mode           | JAX_AUTOTUNE_MODE              | tune                             |
 | log_decisions  | JAX_AUTOTUNE_LOG_DECISIONS     | unset (stdout, stderr or a path) |
 | budget_seconds | JAX_AUTOTUNE_BUDGET_SECONDS    | 10.0 (per-key tuning budget)     |
@@ -45,6 +46,7 @@ from jax_autotune.files import open_regular
 from jax_autotune.key import Level
 
 MODES = ("tune", "cached", "require", "off")
+STORES = ("sqlite", "directory", "memory")
 CONTEXTS = ("full", "forward", "off")
 PROGRESS = ("auto", "on", "off")
 _TRUE = ("1", "true", "yes", "on")
@@ -148,6 +150,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("cache", "JAX_AUTOTUNE_CACHE", _parse_bool, lambda: True),
     Setting("cache_dir", "JAX_AUTOTUNE_CACHE_DIR", _parse_path, _default_cache_dir),
     Setting("environment", "JAX_AUTOTUNE_ENVIRONMENT", _parse_environment, lambda: "default"),
+    Setting("store", "JAX_AUTOTUNE_STORE", _parse_choice(STORES), lambda: "sqlite"),
     Setting("mode", "JAX_AUTOTUNE_MODE", _parse_choice(MODES), lambda: "tune"),
     Setting("log_decisions", "JAX_AUTOTUNE_LOG_DECISIONS", _parse_log, lambda: None),
     Setting("budget_seconds", "JAX_AUTOTUNE_BUDGET_SECONDS", _parse_seconds, lambda: 10.0),

@@ -3,10 +3,11 @@
 ``tuner_for(platform)`` builds the process's tuner for a platform once: the device's
 facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
 ``kernels.gpu`` on GPUs, XLA's dot alone elsewhere) and the configured store. When
-``cache``, ``cache_dir`` or ``environment`` change, the tuner switches to that store. With
-the disk store and ``compilation_cache`` on, JAX's persistent compilation cache is pointed
-beside the store (``tuning.compile_cache``) when this module is imported, so that every
-program of the process, not only the matmuls, is served from it in the next process.
+``cache``, ``cache_dir``, ``environment`` or ``store`` change, the tuner switches to that
+store. With a disk store (SQLite or directory) and ``compilation_cache`` on, JAX's
+persistent compilation cache is pointed beside the store (``tuning.compile_cache``) when
+this module is imported, so that every program of the process, not only the matmuls, is
+served from it in the next process.
 
     >>> from jax_autotune.registry import tuner_for
     >>> tuner = tuner_for("cpu")
@@ -31,8 +32,8 @@ from jax_autotune.tuning.store import open_store
 from jax_autotune.tuning.tuner import Tuner
 
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
-_store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment) each tuner uses
-_compile_settings: tuple | None = None  # the (cache, cache_dir, compilation_cache) in effect
+_store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment, store) each tuner uses
+_compile_settings: tuple | None = None  # the (cache, store, cache_dir, compilation_cache) in effect
 _tuners_lock = threading.Lock()
 _warned_native = False
 
@@ -81,18 +82,19 @@ def candidate_set_for(device: DeviceInfo) -> CandidateSet:
 
 
 def _current_store_settings() -> tuple:
-    return (config.get("cache"), config.get("cache_dir"), config.get("environment"))
+    return (config.get("cache"), config.get("cache_dir"), config.get("environment"), config.get("store"))
 
 
 def _follow_compilation_cache_setting() -> None:
     """Point JAX's compilation cache beside the store, or stop, when the settings changed
     (one process-wide cache, whatever the platform)."""
     global _compile_settings
-    settings = (config.get("cache"), config.get("cache_dir"), config.get("compilation_cache"))
+    settings = (config.get("cache"), config.get("store"), config.get("cache_dir"),
+                config.get("compilation_cache"))
     if settings == _compile_settings:
         return
-    cache, cache_dir, compilation = settings
-    if cache and compilation:
+    cache, store, cache_dir, compilation = settings
+    if cache and store != "memory" and compilation:
         compile_cache.enable(compile_cache.directory_for(cache_dir))
     else:
         compile_cache.disable()
@@ -123,8 +125,8 @@ def has_devices(platform: str) -> bool:
 def tuner_for(platform: str) -> Tuner:
     """The process's tuner for ``platform`` ('cpu', 'gpu', 'cuda', ...), built once.
 
-    When ``cache``, ``cache_dir`` or ``environment`` changed since, it switches to that
-    store (its memory table of decisions stays).
+    When ``cache``, ``cache_dir``, ``environment`` or ``store`` changed since, it switches
+    to that store (its memory table of decisions stays).
     """
     platform = "gpu" if platform in ("cuda", "rocm") else platform
     settings = _current_store_settings()
@@ -166,8 +168,8 @@ _use_compilation_cache_at_import()
 def reset_tuners() -> None:
     """Forget every tuner (memory tables, probes, store handles); the next use rebuilds.
 
-    Tests use it for a clean slate; a changed ``cache``, ``cache_dir`` or ``environment``
-    needs no reset (``tuner_for`` switches stores).
+    Tests use it for a clean slate; a changed ``cache``, ``cache_dir``, ``environment`` or
+    ``store`` needs no reset (``tuner_for`` switches stores).
     """
     global _compile_settings
     with _tuners_lock:

@@ -8,8 +8,10 @@
 
 KEY is an id or a compact key as ``show`` prints them, a canonical key string, or a
 unique substring of one. The commands read this process's tuners and the configured
-store (``JAX_AUTOTUNE_CACHE_DIR``, ``JAX_AUTOTUNE_ENVIRONMENT``); each first says which
-database on stderr (``database: PATH``). Exit status: 0 done, 1 the store cannot be
+store (``JAX_AUTOTUNE_CACHE_DIR``, ``JAX_AUTOTUNE_ENVIRONMENT``, ``JAX_AUTOTUNE_STORE``);
+each first says where it is on stderr (``database: PATH``: the SQLite file or the
+directory store's folder; ``none`` for a memory-only store, where ``show`` lists nothing
+and ``import`` and ``clear`` stop with status 1). Exit status: 0 done, 1 the store cannot be
 read (show, explain, export) or written (import, clear), or clear was not confirmed, 2 a
 bad argument (an unknown key or device, an unreadable table file, an existing export
 file without ``--force``, clear without ``--yes`` when stdin is not a terminal). The
@@ -175,14 +177,28 @@ def unknown_device(device: str | None) -> str:
             f"known: {', '.join(known) or 'none'}")
 
 
+def memory_only_setting() -> str:
+    """The setting that keeps decisions in memory only, as it is written in the environment.
+
+        >>> memory_only_setting()      # under JAX_AUTOTUNE_STORE=memory
+        'JAX_AUTOTUNE_STORE=memory'
+    """
+    if not config.get("cache"):
+        return "JAX_AUTOTUNE_CACHE=0"
+    return "JAX_AUTOTUNE_STORE=memory" if config.get("store") == "memory" else "no disk store"
+
+
 def _database(write: bool, create: bool = True) -> str:
-    """Say which database the command uses (stderr); '' when it can be read (``write``:
-    and written) now, else why not. A missing database reads as empty; ``create=False``:
-    a missing one is not created to be checked."""
+    """Say where the command's store is (stderr: the database file, or the directory
+    store's folder); '' when it can be read (``write``: and written) now, else why not. A
+    missing store reads as empty; ``create=False``: a missing one is not created to be
+    checked."""
     store = current_tuners()[0].store  # the configured store, as the command will use it
-    print(f"database: {store.path or 'none (JAX_AUTOTUNE_CACHE=0: memory only)'}", file=sys.stderr)
     if store.path is None:
-        return "the disk store is off (JAX_AUTOTUNE_CACHE=0): nothing would be kept" if write else ""
+        print(f"database: none ({memory_only_setting()}: memory only)", file=sys.stderr)
+        return (f"there is no store to write ({memory_only_setting()}: decisions are kept in "
+                f"memory only)") if write else ""
+    print(f"database: {store.path}", file=sys.stderr)
     if not store.path.exists() and not (write and create):
         return ""
     return store.check(write=write)
@@ -217,6 +233,10 @@ def _current_table() -> TuneTable:
 @_using_database(write=False)
 def run_show(args) -> int:
     rows = _current_table().summary_rows(device=args.device, key=args.key)
+    if not rows and current_tuners()[0].store.path is None:
+        print(f"no stored decisions: {memory_only_setting()} keeps decisions in memory only, "
+              f"so none outlive the process that tuned them")
+        return 0
     for line in show_lines(rows):
         print(line)
     return 0

@@ -1,7 +1,8 @@
 """Internal: the tuning engine, one concept per module (no public API here).
 
 key -> ``plan`` (rounds) -> ``bench`` (adaptive benchmark, with ``timing``,
-``correctness``, ``roofline`` and ``probes``) -> ``decision`` -> ``store`` (SQLite),
+``correctness``, ``roofline`` and ``probes``) -> ``decision`` -> ``store`` (the
+``store_protocol`` and its backends: ``sqlite_store``, ``directory_store``, ``memory_store``),
 driven by ``tuner.Tuner``; ``candidates`` are the types kernel families are built from,
 ``device`` the facts a candidate may ask of a device, ``rules`` every constant of the
 benchmark, ``counters`` what ``jax_autotune.stats()`` reports. Nothing here imports a

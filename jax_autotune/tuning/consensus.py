@@ -12,10 +12,13 @@ a key missing from the store is decided by exactly one process and adopted by th
   at most ``TuningRules.peer_wait_seconds``, then insert XLA's dot themselves with a
   warning (never a hang). An insert that finds a decision adopts that one, so a claimer
   that finishes late adopts the waiters' XLA's dot: every process ends with the same;
-* **on one host** (a shared SQLite store, no job): the tuner claims the key in the store
+* **on one host** (a shared store, no job): the tuner claims the key in the store
   (owner and a lease, renewed while it tunes, taken over once it lapses or its process
   is gone), the others poll for the decision and adopt it, and a stored decision is never
-  replaced by a concurrent tuning (``TuneStore.put_if_absent``).
+  replaced by a concurrent tuning (``TuneStore.put_if_absent``). The SQLite store claims
+  in a table, the directory store in a claim file, so this works across the hosts of a
+  shared filesystem too (a claim's process is known dead only on its own host; elsewhere
+  its lease lapses).
 
     >>> decision, how = decide_on_host(store, namespace, key.canonical(), checksum, tune,
     ...                                fallback, lease_seconds=15, wait_seconds=60)

@@ -2,8 +2,14 @@
 holds them.
 
 Every store maps (namespace, key, checksum) to a JSON object (never pickle) and has the
-methods of ``tuning.store_protocol.Store``: ``<cache_dir>/<environment>.db``
-(``tuning.sqlite_store``), or with ``cache = 0`` nothing kept (``tuning.memory_store``).
+methods of ``tuning.store_protocol.Store``; the setting ``store`` picks the backend
+(:func:`open_store`):
+
+- ``sqlite`` (default): ``<cache_dir>/<environment>.db`` (``tuning.sqlite_store``), for a
+  folder on a local disk shared by the processes of one machine;
+- ``directory``: ``<cache_dir>/<environment>.d/``, one file per row (``tuning.directory_store``),
+  for a folder on a cluster's shared filesystem (NFS, Lustre), where SQLite's WAL does not work;
+- ``memory`` (and ``cache = 0``): nothing kept (``tuning.memory_store``).
 
 Namespaces (built by ``tuning.namespaces``):
 
@@ -33,12 +39,14 @@ from pathlib import Path
 
 from jax_autotune.errors import JaxAutotuneStoreWarning, StoreWarning
 import jax_autotune.config as config
+from jax_autotune.tuning.directory_store import DirectoryStore
 from jax_autotune.tuning.memory_store import MemoryStore
 from jax_autotune.tuning.sqlite_store import BUSY_TIMEOUT_SECONDS, SqliteStore
 from jax_autotune.tuning.store_protocol import Store, StoreEntry
 
-__all__ = ["BUSY_TIMEOUT_SECONDS", "JaxAutotuneStoreWarning", "MemoryStore",
-           "SqliteStore", "Store", "StoreEntry", "StoreWarning", "TuneStore", "open_store"]
+__all__ = ["BUSY_TIMEOUT_SECONDS", "DirectoryStore", "JaxAutotuneStoreWarning", "MemoryStore",
+           "SqliteStore", "Store", "StoreEntry", "StoreWarning", "TuneStore", "open_store",
+           "store_location"]
 
 
 class TuneStore(Store):
@@ -58,16 +66,30 @@ class TuneStore(Store):
         return issubclass(other, Store)
 
 
+def store_location(backend: str, cache_dir: str | os.PathLike, environment: str) -> Path:
+    """Where a disk backend keeps an environment's rows.
+
+        >>> store_location("directory", "/shared/cache", "default")
+        PosixPath('/shared/cache/default.d')
+    """
+    suffix = {"sqlite": ".db", "directory": ".d"}[backend]
+    return Path(cache_dir) / f"{environment}{suffix}"
+
+
 def open_store() -> Store:
-    """The store the configuration asks for: memory-only if ``cache`` is off, else
-    ``<cache_dir>/<environment>.db``.
+    """The store the configuration asks for: memory-only when ``cache`` is off or ``store``
+    is ``memory``, else the ``store`` backend at ``store_location(...)``.
 
         >>> from jax_autotune import config
-        >>> config.update("cache", False)
-        >>> open_store().available
-        False
-        >>> config.update("cache", None)
+        >>> config.update("store", "directory")
+        >>> open_store()
+        DirectoryStore('/home/me/.cache/jax_autotune/default.d', on disk)
+        >>> config.update("store", None)
     """
     if not config.get("cache"):
         return MemoryStore(why="cache = 0")
-    return SqliteStore(Path(config.get("cache_dir")) / f"{config.get('environment')}.db")
+    backend = config.get("store")
+    if backend == "memory":
+        return MemoryStore(why="store = memory")
+    location = store_location(backend, config.get("cache_dir"), config.get("environment"))
+    return DirectoryStore(location) if backend == "directory" else SqliteStore(location)

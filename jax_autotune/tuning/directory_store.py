@@ -1,0 +1,488 @@
+"""The directory store: one file per row, for a cache folder on a shared filesystem.
+
+SQLite's WAL needs memory shared by every process that opens the database, which a
+network filesystem (NFS, Lustre) does not give; a folder of files written whole and
+renamed into place works there (XLA keeps its autotuning results so). The layout, under
+``<cache_dir>/<environment>.d/`` (no name holds user text: every name is a hash)::
+
+    <environment>.d/
+      <ns>/                    one folder per namespace; ns = sha256 of the namespace
+        <row>.json             one row; row = sha256 of (key, checksum)
+        <row>.claim            the key is being tuned: owner, lease expiry
+        .<row>.<token>.tmp     a row or claim being written, renamed into place when whole
+
+A row file is one JSON object: ``{"namespace", "key", "checksum", "value", "updated"}``.
+It is written to a temporary name in its folder, fsynced, then renamed (``os.replace``),
+so a reader sees the old file or the new one, never half of one, and a process killed
+while writing loses only that row. A reader skips, with one ``StoreWarning`` per store, a
+file that is not a regular file, not a JSON object, over the caps of
+``tuning.validation``, or whose namespace, key or checksum is not the one its name stands
+for; names it does not know, too (dot files are in-progress writes: skipped quietly).
+
+A claim is created whole or not at all (a hard link of a written file: the one atomic
+create that NFS keeps), holds the owner and its lease's expiry, is renewed by rewriting
+it, and is taken over, as in the SQLite store, once its lease ran out or ``expired``
+says its owner is gone: the stale file is first renamed aside (one process wins), checked
+to be the one judged, then removed. Claims only spare work (each key tuned once); that
+every process ends with one decision rests on ``put_if_absent``, whose row is created
+once the same way. ``put_many`` and ``delete_namespaces`` go file by file, not in one
+transaction: rows written before a failure stay. A folder this process cannot write is
+read, with one warning; new decisions stay in memory.
+
+    >>> from jax_autotune.tuning.directory_store import DirectoryStore
+    >>> store = DirectoryStore("/shared/cache/jax_autotune/default.d")
+    >>> store.put("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1", {"winner": "xla_dot"})
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from jax_autotune.errors import NotARegularFileError
+from jax_autotune.files import open_regular
+from jax_autotune.tuning.store_protocol import (Expired, Keep, NamespaceFilter, Store, StoreEntry,
+                                                claim_is_busy, decode_value, encode_value)
+from jax_autotune.tuning.validation import LIMITS
+
+__all__ = ["DirectoryStore"]
+
+_HASH = re.compile(r"[0-9a-f]{32}")
+_ROW, _CLAIM = ".json", ".claim"
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # a write refused: the folder is read-only
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
+_TRIES = 3  # rounds of create, find a stale file, remove it
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+
+def _record(namespace: str, key: str, checksum: str, value: dict, updated: float) -> bytes:
+    encode_value(value)  # the caller's bug (not a JSON dict) raises before anything is written
+    return json.dumps({"namespace": namespace, "key": key, "checksum": checksum,
+                       "updated": updated, "value": value}, sort_keys=True).encode()
+
+
+def _entry(data: bytes) -> StoreEntry:
+    """The row a file holds; ValueError (or TypeError) when it is not one."""
+    if not data:
+        raise ValueError("an empty file (a torn write)")
+    record = decode_value(data.decode("utf-8"))
+    for name in ("namespace", "key", "checksum"):
+        if not isinstance(record.get(name), str):
+            raise ValueError(f"{name}: expected a string")
+    updated = record.get("updated")
+    if not isinstance(record.get("value"), dict) or isinstance(updated, bool) \
+            or not isinstance(updated, (int, float)):
+        raise ValueError("expected a row: a value object and an updated time")
+    return StoreEntry(record["namespace"], record["key"], record["checksum"], record["value"],
+                      float(updated))
+
+
+def _holder(data: bytes | None) -> tuple[str, float]:
+    """(owner, expires) of a claim file; an unreadable one is a lapsed claim of nobody."""
+    try:
+        claim = json.loads(data or b"")
+        return str(claim["owner"]), float(claim["expires"])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return "", 0.0
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable; some filesystems cannot, which is fine."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class DirectoryStore(Store):
+    """The store as a folder of one file per row; never raises for disk trouble.
+
+        >>> DirectoryStore(tmp / "default.d").entries()     # a missing folder reads as empty
+        []
+    """
+
+    kind = "folder"
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(Path(os.fspath(path)))
+        self._opened = False
+
+    # -- the folder ---------------------------------------------------------------------
+
+    def _open(self, create: bool) -> bool:
+        """Whether the folder exists (``create``: made if missing); read-only, with one
+        warning, when this process may not write it. Raises OSError when it is no folder."""
+        if self._opened:
+            return True
+        if not self._path.exists():
+            if not create:
+                return False
+            self._path.mkdir(parents=True, exist_ok=True)
+        if not self._path.is_dir():
+            raise NotADirectoryError(f"{self._path} is not a folder")
+        if not os.access(self._path, os.W_OK):
+            self._become_read_only()
+        self._opened = True
+        return True
+
+    def check(self, write: bool = False) -> str:
+        with self._lock:
+            if not self._failed:
+                try:
+                    self._open(create=write)
+                except OSError as err:
+                    self._fail(err, warn=False)
+            if self._failed:
+                return f"cannot use {self._path}: {self._error}"
+            if write and self._read_only:
+                return f"cannot write {self._path}: it is read-only for this process"
+        return ""
+
+    def _reading(self, body: Callable[[], Any], empty: Any) -> Any:
+        """``body()`` when the folder exists; ``empty`` when it does not or the store failed
+        (a disk error fails it, with the one warning)."""
+        with self._lock:
+            try:
+                return body() if not self._failed and self._open(create=False) else empty
+            except OSError as err:
+                self._fail(err)
+                return empty
+
+    def _writing(self, body: Callable[[], Any]) -> Any:
+        """``body()`` in the folder (made if missing); None when read-only or failed. A
+        write the filesystem refuses makes the store read-only; other errors fail it."""
+        with self._lock:
+            try:
+                if self._failed or not self._open(create=True) or self._read_only:
+                    return None
+            except OSError as err:
+                self._fail(err)
+                return None
+            try:
+                return body()
+            except OSError as err:
+                if err.errno in _DENIED:
+                    self._become_read_only()
+                else:
+                    self._fail(err)
+                return None
+
+    def _paths(self, namespace: str, key: str, checksum: str) -> tuple[Path, Path, Path]:
+        folder = self._path / _digest(namespace)
+        stem = _digest(key, checksum)
+        return folder, folder / f"{stem}{_ROW}", folder / f"{stem}{_CLAIM}"
+
+    # -- files --------------------------------------------------------------------------
+
+    def _peek(self, path: Path) -> bytes | None:
+        """The bytes of ``path``: None when it is missing; b'' (and the one warning) when it
+        is no regular file or cannot be read by this process."""
+        try:
+            with open_regular(path) as f:
+                return f.read(LIMITS["bytes of text"] + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno == errno.ESTALE:  # replaced by another host while opened: not there yet
+                return None
+            if isinstance(err, NotARegularFileError) or err.errno in _DENIED + (errno.EISDIR,):
+                self._skip(f"{path} in the tune store folder {self._path}: {err}")
+                return b""
+            raise
+
+    def _load(self, path: Path, data: bytes | None = None) -> StoreEntry | None:
+        """The row in ``path`` (or ``data``, read from it); None when it is missing or bad
+        (a bad one is skipped with the one warning)."""
+        data = self._peek(path) if data is None else data
+        if data is None:
+            return None
+        try:
+            entry = _entry(data)
+            if (path.parent.name, path.name) != (_digest(entry.namespace),
+                                                 _digest(entry.key, entry.checksum) + _ROW):
+                raise ValueError("its namespace, key or checksum is not the one its name stands for")
+        except (ValueError, TypeError, RecursionError) as err:
+            self._skip(f"{path} in the tune store folder {self._path}: {err}")
+            return None
+        return entry
+
+    def _kept(self, row: Path, keep: Keep, data: bytes | None = None) -> dict | None:
+        entry = self._load(row, data)
+        return entry.value if entry is not None and keep(entry.value) else None
+
+    @staticmethod
+    def _written(folder: Path, name: str, data: bytes) -> Path:
+        """A new temporary file in ``folder`` holding ``data``, on disk (fsynced)."""
+        temporary = folder / f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temporary)
+            raise
+        os.close(fd)
+        return temporary
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Replace ``path`` with ``data`` whole: a temporary file, then a rename."""
+        temporary = self._written(path.parent, path.stem, data)
+        try:
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+    def _create_once(self, path: Path, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` whole unless it exists: whether this call made it.
+        A hard link fails on an existing name; after a lost NFS reply the retried link says
+        EEXIST for the link it made, which the temporary file's link count tells apart."""
+        temporary = self._written(path.parent, path.stem, data)
+        try:
+            os.link(temporary, path)
+            return True
+        except FileExistsError:
+            return os.stat(temporary).st_nlink == 2
+        except OSError as err:
+            if err.errno not in _NO_LINKS:
+                raise
+            try:  # a filesystem without hard links: exclusive, but seen before it is whole
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def _remove_if(self, path: Path, judge: Callable[[bytes], bool]) -> bool:
+        """Remove ``path`` when ``judge(its bytes)`` says so, safely against others doing the
+        same: renamed aside first (one process wins), judged there, put back when it is not
+        the file judged (a newer one made meanwhile stands). Whether it was removed."""
+        aside = path.with_name(f".{path.name}.{secrets.token_hex(6)}.aside")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            data = self._peek(aside) or b""
+            if judge(data):
+                return True
+            self._create_once(path, data)
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def get(self, namespace: str, key: str, checksum: str) -> dict | None:
+        row = self._paths(namespace, key, checksum)[1]
+        return self._reading(lambda: self._kept(row, lambda value: True), None)
+
+    def put_many(self, rows: Iterable[tuple[str, str, str, dict]]) -> bool:
+        """Each row written whole, one file after the other (not one transaction).
+
+            >>> store.put_many([(ns, "k1", "c1", {"winner": "xla_dot"}), (ns, "k2", "c1", {...})])
+            True
+        """
+        now = time.time()
+        encoded = [(self._paths(ns, key, checksum), _record(ns, key, checksum, value, now))
+                   for ns, key, checksum, value in rows]
+
+        def body() -> bool:
+            folders = dict.fromkeys(folder for (folder, _, _), _ in encoded)
+            for folder in folders:
+                folder.mkdir(exist_ok=True)
+            for (_, row, _), data in encoded:
+                self._write(row, data)
+            for folder in folders:
+                _sync_folder(folder)
+            return True
+
+        return bool(self._writing(body))
+
+    def put_if_absent(self, namespace: str, key: str, checksum: str, value: dict,
+                      keep: Keep = lambda value: True) -> tuple[dict, bool]:
+        folder, row, claim = self._paths(namespace, key, checksum)
+        data = _record(namespace, key, checksum, value, time.time())
+
+        def body() -> tuple[dict, bool]:
+            folder.mkdir(exist_ok=True)
+            result = None
+            for _ in range(_TRIES):
+                stored = self._kept(row, keep)
+                if stored is not None:
+                    result = stored, False
+                    break
+                # a row keep refuses (damaged, unusable) is replaced, as by SQLite
+                self._remove_if(row, lambda found: self._kept(row, keep, found) is None)
+                if self._create_once(row, data):
+                    break
+            else:  # others kept writing rows keep refuses: this one replaces them
+                self._write(row, data)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(claim)
+            _sync_folder(folder)
+            return result or (value, True)
+
+        return self._writing(body) or (value, True)
+
+    # -- claims -------------------------------------------------------------------------
+
+    def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
+              expired: Expired = lambda owner, expires: False,
+              keep: Keep = lambda value: True) -> tuple[str, Any]:
+        """The stored value, else the claim file (new, its own, or one whose lease ran out
+        or whose owner ``expired`` says is gone), else busy.
+
+            >>> store.claim(ns, "k1", "c1", "host:123:ab", lease_seconds=15)   # doctest: +SKIP
+            ('claimed', None)
+        """
+        folder, row, claim = self._paths(namespace, key, checksum)
+        mine = json.dumps({"namespace": namespace, "key": key, "checksum": checksum, "owner": owner,
+                           "expires": time.time() + lease_seconds}).encode()
+
+        def body() -> tuple[str, Any]:
+            folder.mkdir(exist_ok=True)
+            holder = ""
+            for _ in range(_TRIES):
+                stored = self._kept(row, keep)
+                if stored is not None:
+                    return "decided", stored
+                if self._create_once(claim, mine):
+                    stored = self._kept(row, keep)  # stored between the look and the claim
+                    if stored is None:
+                        return "claimed", None
+                    self._remove_if(claim, lambda found: found == mine)
+                    return "decided", stored
+                seen = self._peek(claim)
+                if seen is None:
+                    continue  # released meanwhile
+                holder, expires = _holder(seen)
+                if holder == owner:
+                    self._write(claim, mine)
+                    return "claimed", None
+                if claim_is_busy(holder, expires, owner, time.time(), expired):
+                    return "busy", holder
+                self._remove_if(claim, lambda found: found == seen)  # lapsed: taken over
+            return "busy", holder
+
+        return self._writing(body) or ("claimed", None)
+
+    def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:
+        _, _, claim = self._paths(namespace, key, checksum)
+
+        def body() -> bool:
+            seen = self._peek(claim)
+            if seen is None or _holder(seen)[0] != owner:
+                return False
+            self._write(claim, json.dumps({**json.loads(seen), "expires": time.time() + lease_seconds}).encode())
+            return True
+
+        return bool(self._writing(body))
+
+    def release(self, namespace: str, key: str, checksum: str, owner: str) -> None:
+        _, _, claim = self._paths(namespace, key, checksum)
+        self._writing(lambda: self._remove_if(claim, lambda found: _holder(found)[0] == owner))
+
+    # -- many rows ----------------------------------------------------------------------
+
+    def _names(self, folder: Path, wanted: re.Pattern) -> list[str]:
+        """The names in ``folder`` that ``wanted`` matches, sorted; another name (not a dot
+        file) is skipped with the one warning."""
+        try:
+            names = sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        foreign = [name for name in names if not name.startswith(".") and not wanted.fullmatch(name)]
+        if foreign:
+            self._skip(f"{folder / foreign[0]} in the tune store folder {self._path}: a name this "
+                       f"store does not write")
+        return [name for name in names if wanted.fullmatch(name)]
+
+    _FOLDER = re.compile(_HASH.pattern)
+    _FILE = re.compile(rf"{_HASH.pattern}({re.escape(_ROW)}|{re.escape(_CLAIM)})")
+
+    def _rows(self, folder: Path) -> list[Path]:
+        return [folder / name for name in self._names(folder, self._FILE) if name.endswith(_ROW)]
+
+    def _folders(self, selected: NamespaceFilter) -> list[Path]:
+        if selected.namespace is not None:
+            return [self._path / _digest(selected.namespace)]
+        return [self._path / name for name in self._names(self._path, self._FOLDER)]
+
+    def _entries_in(self, folder: Path, selected: NamespaceFilter) -> list[StoreEntry]:
+        """The rows of one namespace folder when its namespace is selected."""
+        found = []
+        for path in self._rows(folder):
+            entry = self._load(path)
+            if entry is not None:
+                if not selected.matches(entry.namespace):
+                    return []  # every row of a folder has its one namespace
+                found.append(entry)
+        return found
+
+    def entries(self, namespace: str | None = None, *,
+                namespace_prefix: str | None = None) -> list[StoreEntry]:
+        selected = NamespaceFilter.of(namespace, namespace_prefix)
+        found = self._reading(lambda: [entry for folder in self._folders(selected)
+                                       for entry in self._entries_in(folder, selected)], [])
+        return sorted(found, key=lambda e: (e.namespace, e.key, e.checksum))
+
+    def namespaces(self) -> list[str]:
+        def body() -> list[str]:
+            named = (next((e.namespace for e in map(self._load, self._rows(folder)) if e), None)
+                     for folder in self._folders(NamespaceFilter()))
+            return sorted(name for name in named if name is not None)
+
+        return self._reading(body, [])
+
+    def delete(self, namespace: str | None = None, *, namespace_prefix: str | None = None) -> int:
+        """Remove the row files of the selected namespaces (all: every row file, bad ones
+        too); claims, foreign files and the folders stay. How many files were removed."""
+        selected = NamespaceFilter.of(namespace, namespace_prefix)
+
+        def body() -> int:
+            removed = 0
+            for folder in self._folders(selected):
+                if selected.prefix is not None and not self._entries_in(folder, selected):
+                    continue
+                for path in self._rows(folder):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        removed += 1
+            return removed
+
+        if not self._reading(lambda: True, False):
+            return 0  # nothing stored yet: nothing created to be deleted
+        return self._writing(body) or 0
+
+    def delete_namespaces(self, namespaces: Iterable[str]) -> int:
+        """``delete`` of each namespace given, one after the other."""
+        return sum(self.delete(name) for name in dict.fromkeys(namespaces))
+
+    def close(self) -> None:
+        """Nothing is held open between calls."""
+        with self._lock:
+            self._opened = False
