@@ -19,7 +19,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.consensus import (Job, JaxAutotuneConsensusWarning, decide_in_job,
                                            decide_on_host)
 from jax_autotune.tuning.decision import Decision
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store import DirectoryStore, SqliteStore
 
 HERE = Path(__file__).resolve().parent
 PROBLEM = MatmulProblem(1, 16, 16, 16, "float32", "float32", "float32")
@@ -129,11 +129,20 @@ def test_in_a_job_a_claimer_too_slow_adopts_the_waiters_xla_dot():
 
 # ---------------------------------------------------------------- one host, one store
 
-def test_on_one_host_one_thread_tunes_and_the_others_adopt(tmp_path):
+@pytest.fixture(params=["sqlite", "directory"])
+def open_shared(request, tmp_path):
+    """Opens the one store the test's processes share, of each disk backend: a new handle
+    per call, as another process would have."""
+    if request.param == "sqlite":
+        return lambda: SqliteStore(tmp_path / "shared.db")
+    return lambda: DirectoryStore(tmp_path / "shared.d")
+
+
+def test_on_one_host_one_thread_tunes_and_the_others_adopt(open_shared):
     tunings = []
 
     def process(i):
-        store = TuneStore(tmp_path / "shared.db")
+        store = open_shared()
 
         def tune():
             tunings.append(i)
@@ -150,8 +159,8 @@ def test_on_one_host_one_thread_tunes_and_the_others_adopt(tmp_path):
     assert sorted(how for _, how in results) == ["adopted"] * 3 + ["tuned"]
 
 
-def test_a_stored_decision_is_never_replaced_by_a_concurrent_tuning(tmp_path):
-    store = TuneStore(tmp_path / "shared.db")
+def test_a_stored_decision_is_never_replaced_by_a_concurrent_tuning(open_shared):
+    store = open_shared()
 
     def tune():  # another process stores its decision while this one tunes
         store.put("ns", "k", "c", decision("first_kernel").to_json())
@@ -162,8 +171,8 @@ def test_a_stored_decision_is_never_replaced_by_a_concurrent_tuning(tmp_path):
     assert store.get("ns", "k", "c")["winner"] == "first_kernel"
 
 
-def test_a_claim_of_a_dead_process_is_taken_over_at_once(tmp_path):
-    store = TuneStore(tmp_path / "shared.db")
+def test_a_claim_of_a_dead_process_is_taken_over_at_once(open_shared):
+    store = open_shared()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
     assert store.claim("ns", "k", "c", f"{socket.gethostname()}:{dead.pid}:x", lease_seconds=600)[0] == "claimed"
@@ -175,16 +184,16 @@ def test_a_claim_of_a_dead_process_is_taken_over_at_once(tmp_path):
     assert (result.winner, how) == ("mine", "tuned")
 
 
-def test_a_lapsed_lease_of_another_host_is_taken_over(tmp_path):
-    store = TuneStore(tmp_path / "shared.db")
+def test_a_lapsed_lease_of_another_host_is_taken_over(open_shared):
+    store = open_shared()
     assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=0.3)[0] == "claimed"
     result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
                                  lease_seconds=5, wait_seconds=30)
     assert (result.winner, how) == ("mine", "tuned")
 
 
-def test_a_claim_held_past_the_wait_gives_xla_dot_without_storing_it(tmp_path):
-    store = TuneStore(tmp_path / "shared.db")
+def test_a_claim_held_past_the_wait_gives_xla_dot_without_storing_it(open_shared):
+    store = open_shared()
     assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=600)[0] == "claimed"
     with pytest.warns(JaxAutotuneConsensusWarning, match="holds the tuning"):
         result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
@@ -269,13 +278,19 @@ def test_a_claimer_killed_while_tuning_does_not_hang_its_peer(tmp_path):
 
 
 @pytest.mark.slow
-def test_four_processes_on_one_store_tune_each_key_once_and_agree(tmp_path):
+@pytest.mark.parametrize("backend, count, database", [("sqlite", 4, "default.db"),
+                                                      ("directory", 8, "default.d")])
+def test_processes_on_one_store_tune_each_key_once_and_agree(tmp_path, backend, count, database):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
-    results = run_processes(tmp_path, "host", 4)
+    results = run_processes(tmp_path, "host", count, JAX_AUTOTUNE_STORE=backend)
     keys = set(results[0]["keys"])
-    assert len(keys) == 3
+    assert len(keys) == 3 and len(results) == count
     assert_one_decision_per_key(results, keys)
     assert sum(r["stats"]["tuned"] for r in results.values()) == 3
-    store = TuneStore(tmp_path / "store" / "default.db")
+    for key in keys:  # one process tuned it, every other adopted that decision or read it stored
+        sources = sorted(r["keys"][key]["source"] for r in results.values())
+        assert sources.count("tuned") == 1 and set(sources) <= {"tuned", "adopted", "store"}, sources
+    assert sorted(p.name for p in (tmp_path / "store").iterdir() if not p.name.endswith(("-wal", "-shm"))) == [database]
+    store = (SqliteStore if backend == "sqlite" else DirectoryStore)(tmp_path / "store" / database)
     stored = {e.key: e.value["winner"] for e in store.entries() if e.namespace.startswith("autotune/")}
     assert stored == {key: results[0]["keys"][key]["winner"] for key in keys}

@@ -1,4 +1,6 @@
-"""Tests for the persistent tune store (jax_autotune/store.py)."""
+"""Tests for the persistent tune store (tuning/store.py and its backends): what every disk
+backend must do runs against SQLite and the directory store alike (``disk_store``); the
+rest is SQLite's own. The directory store's own tests: tests/test_directory_store.py."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import pytest
 
 from jax_autotune import config
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
-from jax_autotune.tuning.store import JaxAutotuneStoreWarning, StoreEntry, TuneStore, open_store
+from jax_autotune.tuning.store import (DirectoryStore, JaxAutotuneStoreWarning, MemoryStore,
+                                       SqliteStore, StoreEntry, TuneStore, open_store)
 
 NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"
 NS2 = "autotune/0.1.0/0.10.2/gpu-test/matmul"
@@ -40,6 +43,32 @@ def store(tmp_path):
     s.close()
 
 
+BACKENDS = ("sqlite", "directory")
+
+
+def disk_store_at(backend: str, folder: Path):
+    """The ``backend``'s store of environment ``default`` in ``folder``, as open_store makes it."""
+    return SqliteStore(folder / "default.db") if backend == "sqlite" else DirectoryStore(folder / "default.d")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def disk_store(backend, tmp_path):
+    s = disk_store_at(backend, tmp_path / "cache")
+    yield s
+    s.close()
+
+
+def snapshot(path: Path) -> dict:
+    """Every file under ``path`` (or ``path`` itself) and its bytes."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): p.read_bytes() for p in files}
+
+
 def store_warnings(record) -> list:
     return [w for w in record if issubclass(w.category, JaxAutotuneStoreWarning)]
 
@@ -47,18 +76,25 @@ def store_warnings(record) -> list:
 # -- basic behaviour ------------------------------------------------------------------
 
 
-def test_a_put_value_round_trips_through_a_fresh_store(tmp_path):
-    path = tmp_path / "cache" / "default.db"
+def test_a_put_value_round_trips_through_a_fresh_store(tmp_path, backend):
     value = {"winner": "xla_dot", "results": [{"name": "xla_dot", "us": [1.5, 1.25]}],
              "limit": float("inf")}
-    s = TuneStore(path)
-    assert not path.exists()  # nothing on disk before the first write
-    s.put(NS, "key-1", "sum-1", value)
+    s = disk_store_at(backend, tmp_path / "cache")
+    assert not s.path.exists()  # nothing on disk before the first write
+    assert s.put(NS, "key-1", "sum-1", value) is True
     s.close()
-    assert path.is_file()
-    reopened = TuneStore(path)
+    assert s.path.exists()
+    reopened = disk_store_at(backend, tmp_path / "cache")
     assert reopened.get(NS, "key-1", "sum-1") == value
     reopened.close()
+
+
+def test_tune_store_opens_sqlite_for_a_path_and_memory_for_none_and_names_every_backend(tmp_path):
+    assert type(TuneStore(tmp_path / "default.db")) is SqliteStore
+    assert type(TuneStore(None)) is MemoryStore
+    for store in (TuneStore(None), SqliteStore(tmp_path / "a.db"), DirectoryStore(tmp_path / "a.d")):
+        assert isinstance(store, TuneStore)
+    assert not isinstance(object(), TuneStore)
 
 
 def test_the_database_is_in_wal_mode(store):
@@ -67,89 +103,96 @@ def test_the_database_is_in_wal_mode(store):
         assert raw.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
 
 
-def test_a_different_checksum_misses(store):
-    store.put(NS, "k", "c1", {"x": 1})
-    assert store.get(NS, "k", "c2") is None
-    assert store.get(NS, "k", "c1") == {"x": 1}
+def test_a_different_checksum_misses(disk_store):
+    disk_store.put(NS, "k", "c1", {"x": 1})
+    assert disk_store.get(NS, "k", "c2") is None
+    assert disk_store.get(NS, "k", "c1") == {"x": 1}
 
 
-def test_put_replaces_the_earlier_value_and_its_time(store):
-    store.put(NS, "k", "c", {"x": 1})
-    first = store.entries(NS)[0].updated
+def test_put_replaces_the_earlier_value_and_its_time(disk_store):
+    disk_store.put(NS, "k", "c", {"x": 1})
+    first = disk_store.entries(NS)[0].updated
     time.sleep(0.01)
-    store.put(NS, "k", "c", {"x": 2})
-    assert store.get(NS, "k", "c") == {"x": 2}
-    [entry] = store.entries(NS)
+    disk_store.put(NS, "k", "c", {"x": 2})
+    assert disk_store.get(NS, "k", "c") == {"x": 2}
+    [entry] = disk_store.entries(NS)
     assert entry.value == {"x": 2} and entry.updated > first
 
 
-def test_namespaces_are_isolated(store):
-    store.put(NS, "k", "c", {"device": "cpu"})
-    store.put(NS2, "k", "c", {"device": "gpu"})
-    assert store.get(NS, "k", "c") == {"device": "cpu"}
-    assert store.get(NS2, "k", "c") == {"device": "gpu"}
-    assert store.get(TP, "k", "c") is None
-    assert store.namespaces() == sorted([NS, NS2])
-    assert [e.value for e in store.entries(NS2)] == [{"device": "gpu"}]
+def test_namespaces_are_isolated(disk_store):
+    disk_store.put(NS, "k", "c", {"device": "cpu"})
+    disk_store.put(NS2, "k", "c", {"device": "gpu"})
+    assert disk_store.get(NS, "k", "c") == {"device": "cpu"}
+    assert disk_store.get(NS2, "k", "c") == {"device": "gpu"}
+    assert disk_store.get(TP, "k", "c") is None
+    assert disk_store.namespaces() == sorted([NS, NS2])
+    assert [e.value for e in disk_store.entries(NS2)] == [{"device": "gpu"}]
 
 
-def test_entries_are_store_entries_in_key_order(store):
-    store.put(NS, "b", "c", {"i": 2})
-    store.put(NS, "a", "c", {"i": 1})
-    entries = store.entries(NS)
+def test_entries_are_store_entries_in_key_order(disk_store):
+    disk_store.put(NS, "b", "c", {"i": 2})
+    disk_store.put(NS, "a", "c", {"i": 1})
+    entries = disk_store.entries(NS)
     assert all(isinstance(e, StoreEntry) for e in entries)
     assert [(e.namespace, e.key, e.checksum, e.value) for e in entries] == [
         (NS, "a", "c", {"i": 1}), (NS, "b", "c", {"i": 2})]
 
 
-def test_delete_by_namespace_removes_only_that_namespace(store):
-    store.put(NS, "k1", "c", {})
-    store.put(NS, "k2", "c", {})
-    store.put(NS2, "k1", "c", {})
-    assert store.delete(NS) == 2
-    assert store.get(NS, "k1", "c") is None
-    assert store.get(NS2, "k1", "c") == {}
-    assert store.namespaces() == [NS2]
+def test_delete_by_namespace_removes_only_that_namespace(disk_store):
+    disk_store.put(NS, "k1", "c", {})
+    disk_store.put(NS, "k2", "c", {})
+    disk_store.put(NS2, "k1", "c", {})
+    assert disk_store.delete(NS) == 2
+    assert disk_store.get(NS, "k1", "c") is None
+    assert disk_store.get(NS2, "k1", "c") == {}
+    assert disk_store.namespaces() == [NS2]
 
 
-def test_delete_by_prefix_removes_every_matching_namespace(store):
-    store.put(NS, "k", "c", {})
-    store.put(NS2, "k", "c", {})
-    store.put(TP, "peaks", "c", {})
-    store.put("autotuneX/other", "k", "c", {})
-    assert store.delete(namespace_prefix="autotune/") == 2
-    assert store.namespaces() == ["autotuneX/other", TP]
-    assert len(store.entries(namespace_prefix="throughput/")) == 1
+def test_delete_by_prefix_removes_every_matching_namespace(disk_store):
+    disk_store.put(NS, "k", "c", {})
+    disk_store.put(NS2, "k", "c", {})
+    disk_store.put(TP, "peaks", "c", {})
+    disk_store.put("autotuneX/other", "k", "c", {})
+    assert disk_store.delete(namespace_prefix="autotune/") == 2
+    assert disk_store.namespaces() == ["autotuneX/other", TP]
+    assert len(disk_store.entries(namespace_prefix="throughput/")) == 1
 
 
-def test_prefix_treats_sql_wildcards_literally(store):
-    store.put("a_b/x", "k", "c", {})
-    store.put("aXb/x", "k", "c", {})
-    assert [e.namespace for e in store.entries(namespace_prefix="a_b")] == ["a_b/x"]
-    assert store.delete(namespace_prefix="a%") == 0
-    assert len(store.entries()) == 2
+def test_prefix_treats_sql_wildcards_literally(disk_store):
+    disk_store.put("a_b/x", "k", "c", {})
+    disk_store.put("aXb/x", "k", "c", {})
+    assert [e.namespace for e in disk_store.entries(namespace_prefix="a_b")] == ["a_b/x"]
+    assert disk_store.delete(namespace_prefix="a%") == 0
+    assert len(disk_store.entries()) == 2
 
 
-def test_delete_with_namespace_and_prefix_is_an_error(store):
+@pytest.mark.parametrize("backend", [*BACKENDS, "memory"])
+def test_delete_with_namespace_and_prefix_is_an_error(backend, tmp_path):
+    store = MemoryStore() if backend == "memory" else disk_store_at(backend, tmp_path)
     with pytest.raises(ValueError):
         store.delete(NS, namespace_prefix="autotune/")
+    with pytest.raises(ValueError):
+        store.entries(NS, namespace_prefix="autotune/")
 
 
-def test_reads_and_deletes_on_a_missing_file_do_not_create_it(tmp_path):
-    path = tmp_path / "nothing" / "default.db"
-    s = TuneStore(path)
+def test_reads_and_deletes_on_a_missing_file_do_not_create_it(tmp_path, backend):
+    s = disk_store_at(backend, tmp_path / "nothing")
     assert s.get(NS, "k", "c") is None
     assert s.entries() == [] and s.namespaces() == [] and s.delete() == 0
-    assert not path.parent.exists()
+    assert s.delete_namespaces([]) == 0 and s.check() == ""
+    assert not (tmp_path / "nothing").exists()
     assert s.available
 
 
-def test_a_value_that_is_not_a_json_dict_is_rejected(store):
-    with pytest.raises(TypeError):
-        store.put(NS, "k", "c", ["not", "a", "dict"])
-    with pytest.raises(TypeError):
-        store.put(NS, "k", "c", {"x": object()})
-    assert store.get(NS, "k", "c") is None
+@pytest.mark.parametrize("backend", [*BACKENDS, "memory"])
+def test_a_value_that_is_not_a_json_dict_is_rejected(backend, tmp_path):
+    store = MemoryStore() if backend == "memory" else disk_store_at(backend, tmp_path)
+    for value in (["not", "a", "dict"], {"x": object()}):
+        with pytest.raises(TypeError):
+            store.put(NS, "k", "c", value)
+        with pytest.raises(TypeError):
+            store.put_if_absent(NS, "k", "c", value)
+    assert store.get(NS, "k", "c") is None and store.entries() == []
 
 
 def test_a_memory_only_store_drops_writes(recwarn):
@@ -195,6 +238,30 @@ def test_open_store_uses_cache_dir_and_environment(clean_config, tmp_path):
     assert TuneStore(tmp_path / "dir" / "bench-1.db").get(NS, "k", "c") == {"x": 1}
 
 
+@pytest.mark.parametrize("value, kind, path", [("sqlite", SqliteStore, "bench-1.db"),
+                                               ("directory", DirectoryStore, "bench-1.d"),
+                                               ("memory", MemoryStore, None)])
+def test_open_store_opens_the_backend_the_store_setting_names(clean_config, tmp_path, monkeypatch,
+                                                              value, kind, path):
+    monkeypatch.setenv("JAX_AUTOTUNE_STORE", value)
+    config.update("cache_dir", tmp_path / "dir")
+    config.update("environment", "bench-1")
+    s = open_store()
+    assert type(s) is kind and s.path == (path and tmp_path / "dir" / path)
+    s.put(NS, "k", "c", {"x": 1})
+    assert s.get(NS, "k", "c") == (None if path is None else {"x": 1})
+    made = {p.name.removesuffix("-wal").removesuffix("-shm") for p in (tmp_path / "dir").glob("*")}
+    assert made == ({path} if path else set())
+    config.update("cache", False)  # cache = 0 is memory only, whatever the backend
+    assert type(open_store()) is MemoryStore and "cache = 0" in open_store().check()
+
+
+def test_a_store_setting_that_is_no_backend_is_a_config_error(clean_config, monkeypatch):
+    monkeypatch.setenv("JAX_AUTOTUNE_STORE", "nfs")
+    with pytest.raises(config.ConfigError, match="JAX_AUTOTUNE_STORE: expected one of sqlite, directory, memory"):
+        open_store()
+
+
 def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, monkeypatch):
     monkeypatch.delenv("JAX_AUTOTUNE_ENVIRONMENT", raising=False)
     monkeypatch.delenv("JAX_AUTOTUNE_CACHE", raising=False)
@@ -207,20 +274,20 @@ def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, 
 
 _WRITER = textwrap.dedent("""
     import sys, time, os
-    from jax_autotune.tuning.store import TuneStore
+    from jax_autotune.tuning.store import DirectoryStore, SqliteStore
     path, worker, go = sys.argv[1], sys.argv[2], sys.argv[3]
     deadline = time.time() + 10
     while not os.path.exists(go) and time.time() < deadline:
         time.sleep(0.005)
-    s = TuneStore(path)
+    s = DirectoryStore(path) if path.endswith(".d") else SqliteStore(path)
     for i in range(50):
         s.put("autotune/test/matmul", f"{worker}-{i}", "c", {"worker": worker, "i": i})
     assert s.available, "store fell back to memory"
 """)
 
 
-def test_two_processes_writing_at_once_keep_every_row(tmp_path):
-    path = tmp_path / "shared" / "default.db"
+def test_two_processes_writing_at_once_keep_every_row(tmp_path, backend):
+    path = disk_store_at(backend, tmp_path / "shared").path
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONWARNINGS": "error"}
     procs = [subprocess.Popen([sys.executable, "-P", "-c", _WRITER, str(path), w, str(go)], env=env,
@@ -231,7 +298,7 @@ def test_two_processes_writing_at_once_keep_every_row(tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
-    s = TuneStore(path)
+    s = disk_store_at(backend, tmp_path / "shared")
     entries = s.entries("autotune/test/matmul")
     assert len(entries) == 100
     assert {(e.value["worker"], e.value["i"]) for e in entries} == {
@@ -239,8 +306,8 @@ def test_two_processes_writing_at_once_keep_every_row(tmp_path):
     assert all(e.key == f"{e.value['worker']}-{e.value['i']}" for e in entries)
 
 
-def test_many_threads_writing_at_once_keep_every_row(tmp_path):
-    s = TuneStore(tmp_path / "default.db")
+def test_many_threads_writing_at_once_keep_every_row(tmp_path, backend):
+    s = disk_store_at(backend, tmp_path)
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
@@ -264,20 +331,20 @@ def test_many_threads_writing_at_once_keep_every_row(tmp_path):
     assert s.available
     assert len(s.entries(NS)) == 200
     # A second store on the same file (another connection) sees them all too.
-    assert len(TuneStore(tmp_path / "default.db").entries(NS)) == 200
+    assert len(disk_store_at(backend, tmp_path).entries(NS)) == 200
 
 
 # -- failures: warn once, then memory-only ----------------------------------------------
 
 
-def test_an_unwritable_directory_means_memory_only_with_one_warning(tmp_path, recwarn):
+def test_an_unwritable_directory_means_memory_only_with_one_warning(tmp_path, recwarn, backend):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
     try:
         if os.access(locked, os.W_OK):
             pytest.skip("running as root: chmod does not make the directory unwritable")
-        s = TuneStore(locked / "sub" / "default.db")
+        s = disk_store_at(backend, locked / "sub")
         s.put(NS, "k", "c", {"x": 1})
         s.put(NS, "k2", "c", {"x": 2})
         assert s.get(NS, "k", "c") is None
@@ -289,10 +356,10 @@ def test_an_unwritable_directory_means_memory_only_with_one_warning(tmp_path, re
         locked.chmod(0o700)
 
 
-def test_a_directory_that_cannot_be_created_means_memory_only_with_one_warning(tmp_path):
+def test_a_directory_that_cannot_be_created_means_memory_only_with_one_warning(tmp_path, backend):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    s = TuneStore(blocker / "default.db")  # works as root too: mkdir under a file fails
+    s = disk_store_at(backend, blocker)  # works as root too: mkdir under a file fails
     with pytest.warns(JaxAutotuneStoreWarning) as record:
         s.put(NS, "k", "c", {"x": 1})
         s.put(NS, "k2", "c", {"x": 2})
@@ -300,7 +367,8 @@ def test_a_directory_that_cannot_be_created_means_memory_only_with_one_warning(t
         assert s.namespaces() == [] and s.delete() == 0
     assert len(store_warnings(record)) == 1
     assert str(blocker) in str(record[0].message)
-    assert not s.available and s.path == blocker / "default.db"
+    assert not s.available and s.path.parent == blocker
+    assert s.put(NS, "k", "c", {"x": 1}) is False and s.claim(NS, "k", "c", "o", 5) == ("claimed", None)
 
 
 def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
@@ -397,33 +465,37 @@ def deny_writes(monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if mode & os.W_OK else real(path, mode, **kw))
 
 
-def test_a_read_only_database_is_read_writes_are_dropped_and_one_warning_says_so(tmp_path, monkeypatch):
-    path = tmp_path / "default.db"
-    with TuneStore(path) as writer:
+def test_a_read_only_database_is_read_writes_are_dropped_and_one_warning_says_so(tmp_path, monkeypatch,
+                                                                                 backend):
+    with disk_store_at(backend, tmp_path) as writer:
         writer.put(NS, "k", "c", {"winner": "xla_dot"})
-    before = path.read_bytes()
+        path = writer.path
+    before = snapshot(path)
     deny_writes(monkeypatch)
-    s = TuneStore(path)
+    s = disk_store_at(backend, tmp_path)
     with pytest.warns(JaxAutotuneStoreWarning, match="read-only") as record:
         assert s.get(NS, "k", "c") == {"winner": "xla_dot"}
         assert s.put(NS, "k2", "c", {"winner": "new"}) is False
         assert s.put_many([(NS, "k3", "c", {})]) is False and s.delete() == 0
+        assert s.delete_namespaces([NS]) == 0
         assert [e.key for e in s.entries(NS)] == ["k"]
     assert len(store_warnings(record)) == 1
     assert s.available and s.read_only and "read-only" in s.check(write=True) and s.check() == ""
     s.close()
-    assert path.read_bytes() == before
+    assert snapshot(path) == before
 
 
-def test_claims_on_a_read_only_database_keep_it_readable(tmp_path, monkeypatch):
-    path = tmp_path / "default.db"
-    with TuneStore(path) as writer:
+def test_claims_on_a_read_only_database_keep_it_readable(tmp_path, monkeypatch, backend):
+    with disk_store_at(backend, tmp_path) as writer:
         writer.put(NS, "k", "c", {"winner": "xla_dot"})
     deny_writes(monkeypatch)
-    s = TuneStore(path)
+    s = disk_store_at(backend, tmp_path)
     with pytest.warns(JaxAutotuneStoreWarning, match="read-only"):
         assert s.claim(NS, "missing", "c", "host:1:x", lease_seconds=5) == ("claimed", None)
         assert s.put_if_absent(NS, "missing", "c", {"winner": "new"}) == ({"winner": "new"}, True)
+        assert s.renew(NS, "missing", "c", "host:1:x", lease_seconds=5) is False
+        s.release(NS, "missing", "c", "host:1:x")
+        assert s.get(NS, "missing", "c") is None
         assert s.get(NS, "k", "c") == {"winner": "xla_dot"}  # still read: not failed over to memory
     assert s.available and s.read_only
     s.close()
@@ -455,6 +527,10 @@ def test_check_names_why_a_store_cannot_be_used_without_warning(tmp_path, recwar
     assert "not a database" in TuneStore(garbage).check()
     assert "cache = 0" in TuneStore(None).check()
     assert TuneStore(tmp_path / "missing.db").check() == ""  # nothing stored yet: empty
+    (tmp_path / "default.d").write_bytes(b"a file where the folder should be")
+    assert "not a folder" in DirectoryStore(tmp_path / "default.d").check()
+    assert DirectoryStore(tmp_path / "missing.d").check() == ""
+    assert DirectoryStore(tmp_path / "made.d").check(write=True) == "" and (tmp_path / "made.d").is_dir()
     assert store_warnings(recwarn) == []
 
 

@@ -63,7 +63,7 @@ class TuneStore(Store):
 
     @classmethod
     def __subclasshook__(cls, other: type) -> bool:
-        return issubclass(other, Store)
+        return Store in other.__mro__  # not issubclass: that asks this hook again
 
 
 def store_location(backend: str, cache_dir: str | os.PathLike, environment: str) -> Path:
