@@ -18,15 +18,27 @@ from jax_autotune.cli.table import format_seconds
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.tables.install import table
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
-from jax_autotune.tuning.store import TuneStore, open_store
+from jax_autotune.tuning.store import DirectoryStore, TuneStore, open_store
 from jax_autotune.tables.summary import key_id
+from test_store import snapshot
 from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
 
+BOTH = pytest.mark.parametrize("store_backend", ["sqlite", "directory"], indirect=True)
+
+
 @pytest.fixture
-def tuner(monkeypatch):
+def store_backend(request):
+    """The ``store`` setting of the test (sqlite unless it is parametrized with ``BOTH``)."""
+    backend = getattr(request, "param", "sqlite")
+    jat.config.update("store", backend)
+    return backend
+
+
+@pytest.fixture
+def tuner(monkeypatch, store_backend):
     """The default backend's tuner: two tuned keys, in the configured (tmp) store."""
     built = tuned_tuner(open_store())
     monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), built)
@@ -98,6 +110,7 @@ def test_explain_refuses_an_ambiguous_or_unknown_key(tuner, capsys):
     assert code == 2 and "no decision matches" in err
 
 
+@BOTH
 def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, capsys, tmp_path, monkeypatch):
     store = tuner.store
     store.put(throughput_namespace(tuner.device.fingerprint), "peaks", "v1", {"flops": 1.0})
@@ -129,8 +142,19 @@ HOSTILE_EDITS = [(("results", 0, "score"), "abc"), (("results", 0, "name"), 1),
 
 
 def edit_row(store, namespace, key, where, value):
-    """Set one field of a stored row's JSON value, in SQLite, as a hostile hand would."""
+    """Set one field of a stored row's JSON value, in its database or its file, as a
+    hostile hand would."""
     store.close()
+    if isinstance(store, DirectoryStore):
+        [checksum] = [e.checksum for e in store.entries(namespace) if e.key == key]
+        path = store._paths(namespace, key, checksum)[1]
+        record = json.loads(path.read_text())
+        target = record["value"]
+        for part in where[:-1]:
+            target = target[part]
+        target[where[-1]] = value
+        path.write_text(json.dumps(record))
+        return
     with sqlite3.connect(store.path) as raw:
         (text,) = raw.execute("SELECT value FROM entries WHERE namespace = ? AND key = ?",
                               (namespace, key)).fetchone()
@@ -142,6 +166,7 @@ def edit_row(store, namespace, key, where, value):
                     (json.dumps(data), namespace, key))
 
 
+@BOTH
 @pytest.mark.parametrize("where, value", HOSTILE_EDITS, ids=lambda x: ".".join(map(str, x))[:20]
                          if isinstance(x, tuple) else str(x)[:12])
 def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, capsys, tmp_path,
@@ -153,7 +178,7 @@ def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, c
         return run(capsys, *argv)
 
     bad, good = key_id(PROBLEM_A.key()), key_id(PROBLEM_B.key())
-    skipped = "warning: skipping a bad row in the tune store database"
+    skipped = "warning: skipping a bad row in the tune store"
     code, out, err = command("show")
     assert code == 0 and good in out and bad not in out
     assert skipped in err and PROBLEM_A.key().canonical() in err
@@ -294,10 +319,13 @@ def test_bad_arguments_are_usage_errors_with_one_line(capsys, argv):  # the bad 
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("backend, why", [("sqlite", "not a database"), ("directory", "not a folder")])
 @pytest.mark.parametrize("command", ["show", "export", "import", "clear"])
-def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, tmp_path, command):
+def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, tmp_path, command,
+                                                                        backend, why):
     table_file = tmp_path / "t.json"
     table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
+    jat.config.update("store", backend)
     database = open_store().path
     database.parent.mkdir(parents=True, exist_ok=True)
     database.write_bytes(b"not a database" * 100)
@@ -305,23 +333,54 @@ def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, t
     assert code == 1 and out == ""
     assert err.splitlines()[0] == f"database: {database}"
     [reason] = [line for line in err.splitlines() if line.startswith("jax-autotune:")]
-    assert f"{command}:" in reason and "not a database" in reason
+    assert f"{command}:" in reason and why in reason
     assert database.read_bytes() == b"not a database" * 100
 
 
+@pytest.mark.parametrize("command", ["import", "clear"])
+@pytest.mark.parametrize("setting", ["JAX_AUTOTUNE_STORE=memory", "JAX_AUTOTUNE_CACHE=0"])
+def test_a_memory_only_store_cannot_be_written_and_says_so_in_one_line(capsys, tmp_path, monkeypatch,
+                                                                       command, setting):
+    table_file = tmp_path / "t.json"
+    table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
+    monkeypatch.setenv(*setting.split("="))
+    code, out, err = run(capsys, command, *([str(table_file)] if command == "import" else ["--yes"]))
+    assert code == 1 and out == ""
+    assert err.splitlines()[0] == f"database: none ({setting}: memory only)"
+    [reason] = [line for line in err.splitlines() if line.startswith("jax-autotune:")]
+    assert reason == (f"jax-autotune: {command}: there is no store to write ({setting}: decisions "
+                      f"are kept in memory only)")
+
+
+def test_show_on_a_memory_only_store_lists_none_and_says_why(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("JAX_AUTOTUNE_STORE", "memory")
+    for command in (["show"], ["export", str(tmp_path / "t.json")]):
+        code, out, err = run(capsys, *command)
+        assert code == 0 and err.splitlines()[0] == "database: none (JAX_AUTOTUNE_STORE=memory: memory only)"
+    code, out, _ = run(capsys, "show")
+    assert out.strip() == ("no stored decisions: JAX_AUTOTUNE_STORE=memory keeps decisions in memory "
+                           "only, so none outlive the process that tuned them")
+    exported = json.loads((tmp_path / "t.json").read_text())["devices"]
+    assert [e for device in exported.values() for e in device["entries"]] == []
+
+
+@BOTH
 def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     run(capsys, "export", str(path))
     run(capsys, "clear", "--yes")
     tuner.store.close()  # a new process: it opens the database again
-    before = tuner.store.path.read_bytes()
+    fresh = make_tuner(open_store())
+    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
+    before = snapshot(fresh.store.path)
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real(p, mode, **kw))
     code, out, err = run(capsys, "import", str(path))
     assert code == 1 and "installed" not in out
-    assert "read-only" in err.splitlines()[-1] and tuner.store.path.read_bytes() == before
+    assert "read-only" in err.splitlines()[-1] and snapshot(fresh.store.path) == before
 
 
+@BOTH
 def test_every_table_command_names_its_database_first(tuner, capsys, tmp_path):
     for argv in (["show"], ["explain", key_id(PROBLEM_A.key())], ["export", str(tmp_path / "t.json")],
                  ["import", str(tmp_path / "t.json")], ["clear", "--yes"]):

@@ -66,13 +66,15 @@ def run(tmp_path, winner, *extra, **env):
 
 
 @pytest.mark.slow
-def test_a_warm_process_tunes_and_compiles_nothing(tmp_path):
+@pytest.mark.parametrize("backend, database", [("sqlite", "default.db"), ("directory", "default.d")])
+def test_a_warm_process_tunes_and_compiles_nothing(tmp_path, backend, database):
     pytest.importorskip("jax_autotune.kernels.cpu.native")
-    cold = run(tmp_path, "tune")
+    cold = run(tmp_path, "tune", JAX_AUTOTUNE_STORE=backend)
     assert cold["compiles"] >= 1 and cold["error"] < 1e-3
     assert cold["jax_cache_dir"] == str(tmp_path / "store" / DIRECTORY_NAME)
     assert cold["min_compile_s"] == 0.0  # matmul executables compile fast: keep them all
-    warm = run(tmp_path, "tune")
+    assert (tmp_path / "store" / database).exists()
+    warm = run(tmp_path, "tune", JAX_AUTOTUNE_STORE=backend)
     assert warm["tuned"] == 0
     assert warm["requests"] >= 1 and warm["compiles"] == 0 and warm["hits"] >= 1
     assert warm["error"] < 1e-3
@@ -116,8 +118,10 @@ def test_a_cache_the_user_configured_is_used_and_never_moved(tmp_path):
     assert result["min_compile_s"] == 1.0  # JAX's default: the user's settings are theirs
 
 
-def test_the_setting_turns_it_off(tmp_path):
-    result = run(tmp_path, "xla_dot", JAX_AUTOTUNE_COMPILATION_CACHE="0")
+@pytest.mark.parametrize("setting", [{"JAX_AUTOTUNE_COMPILATION_CACHE": "0"}, {"JAX_AUTOTUNE_STORE": "memory"}],
+                         ids=["compilation_cache=0", "store=memory"])
+def test_the_setting_turns_it_off(tmp_path, setting):
+    result = run(tmp_path, "xla_dot", **setting)
     assert result["jax_cache_dir"] is None and result["hits"] == 0 and result["compiles"] >= 1
     assert not (tmp_path / "store" / DIRECTORY_NAME).exists()
 
