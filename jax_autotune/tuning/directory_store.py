@@ -20,7 +20,7 @@ file that is not a regular file, not a JSON object, over the caps of
 for; names it does not know, too (dot files are in-progress writes: skipped quietly).
 
 A claim is created whole or not at all (a hard link of a written file: the one atomic
-create that NFS keeps), holds the owner and its lease's expiry, is renewed by rewriting
+create that NFS keeps; ``tuning.whole_files``), holds the owner and its lease's expiry, is renewed by rewriting
 it, and is taken over, as in the SQLite store, once its lease ran out or ``expired``
 says its owner is gone: the stale file is first renamed aside (one process wins), checked
 to be the one judged, then removed. Claims only spare work (each key tuned once); that
@@ -38,28 +38,24 @@ read, with one warning; new decisions stay in memory.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
-import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from jax_autotune.errors import NotARegularFileError
-from jax_autotune.files import open_regular
 from jax_autotune.tuning.store_protocol import (Expired, Keep, NamespaceFilter, Store, StoreEntry,
                                                 claim_is_busy, decode_value, encode_value)
 from jax_autotune.tuning.validation import LIMITS
+from jax_autotune.tuning.whole_files import (DENIED, create_once, read_whole, remove_if, replace_whole,
+                                             sync_folder)
 
 __all__ = ["DirectoryStore"]
 
 _HASH = re.compile(r"[0-9a-f]{32}")
 _ROW, _CLAIM = ".json", ".claim"
-_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # a write refused: the folder is read-only
-_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
 _TRIES = 3  # rounds of create, find a stale file, remove it
 
 
@@ -96,16 +92,6 @@ def _holder(data: bytes | None) -> tuple[str, float]:
         return str(claim["owner"]), float(claim["expires"])
     except (ValueError, TypeError, KeyError, RecursionError):
         return "", 0.0
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make the renames in ``folder`` durable; some filesystems cannot, which is fine."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 class DirectoryStore(Store):
@@ -175,7 +161,7 @@ class DirectoryStore(Store):
             try:
                 return body()
             except OSError as err:
-                if err.errno in _DENIED:
+                if err.errno in DENIED:
                     self._become_read_only()
                 else:
                     self._fail(err)
@@ -191,18 +177,8 @@ class DirectoryStore(Store):
     def _peek(self, path: Path) -> bytes | None:
         """The bytes of ``path``: None when it is missing; b'' (and the one warning) when it
         is no regular file or cannot be read by this process."""
-        try:
-            with open_regular(path) as f:
-                return f.read(LIMITS["bytes of text"] + 1)
-        except FileNotFoundError:
-            return None
-        except OSError as err:
-            if err.errno == errno.ESTALE:  # replaced by another host while opened: not there yet
-                return None
-            if isinstance(err, NotARegularFileError) or err.errno in _DENIED + (errno.EISDIR,):
-                self._skip(f"{path} in the tune store folder {self._path}: {err}")
-                return b""
-            raise
+        return read_whole(path, LIMITS["bytes of text"], lambda path, err: self._skip(
+            f"{path} in the tune store folder {self._path}: {err}"))
 
     def _load(self, path: Path, data: bytes | None = None) -> StoreEntry | None:
         """The row in ``path`` (or ``data``, read from it); None when it is missing or bad
@@ -223,76 +199,6 @@ class DirectoryStore(Store):
     def _kept(self, row: Path, keep: Keep, data: bytes | None = None) -> dict | None:
         entry = self._load(row, data)
         return entry.value if entry is not None and keep(entry.value) else None
-
-    @staticmethod
-    def _written(folder: Path, name: str, data: bytes) -> Path:
-        """A new temporary file in ``folder`` holding ``data``, on disk (fsynced)."""
-        temporary = folder / f".{name}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(temporary)
-            raise
-        os.close(fd)
-        return temporary
-
-    def _write(self, path: Path, data: bytes) -> None:
-        """Replace ``path`` with ``data`` whole: a temporary file, then a rename."""
-        temporary = self._written(path.parent, path.stem, data)
-        try:
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-
-    def _create_once(self, path: Path, data: bytes) -> bool:
-        """Create ``path`` holding ``data`` whole unless it exists: whether this call made it.
-        A hard link fails on an existing name; after a lost NFS reply the retried link says
-        EEXIST for the link it made, which the temporary file's link count tells apart."""
-        temporary = self._written(path.parent, path.stem, data)
-        try:
-            os.link(temporary, path)
-            return True
-        except FileExistsError:
-            return os.stat(temporary).st_nlink == 2
-        except OSError as err:
-            if err.errno not in _NO_LINKS:
-                raise
-            try:  # a filesystem without hard links: exclusive, but seen before it is whole
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-
-    def _remove_if(self, path: Path, judge: Callable[[bytes], bool]) -> bool:
-        """Remove ``path`` when ``judge(its bytes)`` says so, safely against others doing the
-        same: renamed aside first (one process wins), judged there, put back when it is not
-        the file judged (a newer one made meanwhile stands). Whether it was removed."""
-        aside = path.with_name(f".{path.name}.{secrets.token_hex(6)}.aside")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return False
-        try:
-            data = self._peek(aside) or b""
-            if judge(data):
-                return True
-            self._create_once(path, data)
-            return False
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -315,9 +221,9 @@ class DirectoryStore(Store):
             for folder in folders:
                 folder.mkdir(exist_ok=True)
             for (_, row, _), data in encoded:
-                self._write(row, data)
+                replace_whole(row, data)
             for folder in folders:
-                _sync_folder(folder)
+                sync_folder(folder)
             return True
 
         return bool(self._writing(body))
@@ -336,14 +242,14 @@ class DirectoryStore(Store):
                     result = stored, False
                     break
                 # a row keep refuses (damaged, unusable) is replaced, as by SQLite
-                self._remove_if(row, lambda found: self._kept(row, keep, found) is None)
-                if self._create_once(row, data):
+                remove_if(row, lambda found: self._kept(row, keep, found) is None, self._peek)
+                if create_once(row, data):
                     break
             else:  # others kept writing rows keep refuses: this one replaces them
-                self._write(row, data)
+                replace_whole(row, data)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(claim)
-            _sync_folder(folder)
+            sync_folder(folder)
             return result or (value, True)
 
         return self._writing(body) or (value, True)
@@ -370,22 +276,22 @@ class DirectoryStore(Store):
                 stored = self._kept(row, keep)
                 if stored is not None:
                     return "decided", stored
-                if self._create_once(claim, mine):
+                if create_once(claim, mine):
                     stored = self._kept(row, keep)  # stored between the look and the claim
                     if stored is None:
                         return "claimed", None
-                    self._remove_if(claim, lambda found: found == mine)
+                    remove_if(claim, lambda found: found == mine, self._peek)
                     return "decided", stored
                 seen = self._peek(claim)
                 if seen is None:
                     continue  # released meanwhile
                 holder, expires = _holder(seen)
                 if holder == owner:
-                    self._write(claim, mine)
+                    replace_whole(claim, mine)
                     return "claimed", None
                 if claim_is_busy(holder, expires, owner, time.time(), expired):
                     return "busy", holder
-                self._remove_if(claim, lambda found: found == seen)  # lapsed: taken over
+                remove_if(claim, lambda found: found == seen, self._peek)  # lapsed: taken over
             return "busy", holder
 
         return self._writing(body) or ("claimed", None)
@@ -397,14 +303,14 @@ class DirectoryStore(Store):
             seen = self._peek(claim)
             if seen is None or _holder(seen)[0] != owner:
                 return False
-            self._write(claim, json.dumps({**json.loads(seen), "expires": time.time() + lease_seconds}).encode())
+            replace_whole(claim, json.dumps({**json.loads(seen), "expires": time.time() + lease_seconds}).encode())
             return True
 
         return bool(self._writing(body))
 
     def release(self, namespace: str, key: str, checksum: str, owner: str) -> None:
         _, _, claim = self._paths(namespace, key, checksum)
-        self._writing(lambda: self._remove_if(claim, lambda found: _holder(found)[0] == owner))
+        self._writing(lambda: remove_if(claim, lambda found: _holder(found)[0] == owner, self._peek))
 
     # -- many rows ----------------------------------------------------------------------
 
