@@ -68,8 +68,14 @@ class FakeKV:
 
 
 def run_in_threads(count, target):
-    results = [None] * count
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, target(i))) for i in range(count)]
+    """``target(i)`` in ``count`` threads started together; their results."""
+    results, barrier = [None] * count, threading.Barrier(count)
+
+    def run(i):
+        barrier.wait()
+        results[i] = target(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-import threading
 import warnings
 from pathlib import Path
 
@@ -22,7 +19,8 @@ import pytest
 from jax_autotune import config
 from jax_autotune.tuning import directory_store
 from jax_autotune.tuning.store import DirectoryStore, JaxAutotuneStoreWarning, open_store
-from test_store import _SERVE_AS_NOBODY, deny_writes, snapshot, store_warnings
+from test_consensus import run_in_threads
+from test_store import deny_writes, served_read_only_by_nobody, snapshot, store_warnings
 
 NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"
 TP = "throughput/0.1.0/cpu-test"
@@ -36,23 +34,6 @@ def store(tmp_path):
 
 def row_file(store: DirectoryStore, namespace: str, key: str, checksum: str) -> Path:
     return store._paths(namespace, key, checksum)[1]
-
-
-def in_threads(count: int, work) -> list:
-    """``work(i)`` in ``count`` threads started together; their results."""
-    barrier, results = threading.Barrier(count), [None] * count
-
-    def run(i):
-        barrier.wait()
-        results[i] = work(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "a thread did not finish within 60 s"
-    return results
 
 
 # ---------------------------------------------------------------- layout
@@ -235,7 +216,7 @@ def test_a_decision_stored_meanwhile_ends_a_claim(store):
 
 
 def test_of_many_stores_claiming_one_key_at_once_exactly_one_holds_it(tmp_path):
-    results = in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
+    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
         NS, "k", "c", f"host:{i}:x", lease_seconds=60))
     assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
     holder = next(f"host:{i}:x" for i, (state, _) in enumerate(results) if state == "claimed")
@@ -245,13 +226,13 @@ def test_of_many_stores_claiming_one_key_at_once_exactly_one_holds_it(tmp_path):
 def test_of_many_stores_taking_over_one_lapsed_claim_at_once_exactly_one_holds_it(tmp_path):
     store = DirectoryStore(tmp_path / "default.d")
     assert store.claim(NS, "k", "c", "gone:1:x", lease_seconds=-1) == ("claimed", None)  # lapsed
-    results = in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
+    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
         NS, "k", "c", f"host:{i}:x", lease_seconds=60))
     assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
 
 
 def test_of_many_stores_inserting_one_key_at_once_all_end_with_the_one_inserted(tmp_path):
-    results = in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").put_if_absent(
+    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").put_if_absent(
         NS, "k", "c", {"winner": f"kernel_{i}"}))
     assert sum(inserted for _, inserted in results) == 1
     assert len({value["winner"] for value, _ in results}) == 1
@@ -368,35 +349,14 @@ def test_a_write_the_filesystem_refuses_makes_the_folder_read_only_not_memory_on
 
 @pytest.mark.slow
 def test_a_read_only_directory_store_serves_a_process_of_an_unprivileged_user():
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or setpriv is None:
-        pytest.skip("needs root and setpriv to run the serving process as user nobody")
-    shared = Path(tempfile.mkdtemp(prefix="jax_autotune_ro_"))  # a folder nobody can traverse
-    try:
-        cache = shared / "cache"
-        env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(cache), "JAX_AUTOTUNE_STORE": "directory",
-               "JAX_AUTOTUNE_MODE": "tune", "JAX_AUTOTUNE_BUDGET_SECONDS": "2"}
-        owner = subprocess.run([sys.executable, "-P", "-c", _SERVE_AS_NOBODY, "owner"], env=env,
-                               capture_output=True, text=True, timeout=300)
-        assert owner.returncode == 0, owner.stderr
+    def make_read_only(cache: Path):
         folder = cache / "default.d"
         for path in [folder, *folder.rglob("*")]:
             path.chmod(0o555 if path.is_dir() else 0o444)
         before = snapshot(folder)
-        cache.chmod(0o555)
-        shared.chmod(0o755)
-        nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
-        served = subprocess.run([*nobody, sys.executable, "-P", "-c", _SERVE_AS_NOBODY],
-                                env={**env, "HOME": str(shared)}, capture_output=True, text=True,
-                                timeout=300, cwd=shared)
-        assert served.returncode == 0, served.stderr
-        counts = json.loads(served.stdout.strip().splitlines()[-1])
-        assert (counts["before"]["store_hits"], counts["before"]["tuned"]) == (1, 0)
-        assert counts["after"]["tuned"] == 1  # the new key, in memory
-        assert served.stderr.count("is read-only for this process") == 1
-        assert snapshot(folder) == before
-    finally:
-        for path in [shared, *shared.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o755)
-        shutil.rmtree(shared)
+
+        def unchanged():
+            assert snapshot(folder) == before and sorted(p.name for p in cache.iterdir()) == ["default.d"]
+        return unchanged
+
+    served_read_only_by_nobody("directory", make_read_only)

@@ -550,8 +550,10 @@ _SERVE_AS_NOBODY = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
+def served_read_only_by_nobody(backend: str, make_read_only) -> None:
+    """An owner tunes a key into a new store of ``backend``; ``make_read_only(cache)`` makes
+    it read-only and returns a check that it is unchanged; then user nobody's process reads
+    the stored key, tunes a new one in memory and warns once that the store is read-only."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the serving process as user nobody")
@@ -559,18 +561,12 @@ def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
     shared = Path(tempfile.mkdtemp(prefix="jax_autotune_ro_"))
     try:
         cache = shared / "cache"
-        env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(cache),
+        env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(cache), "JAX_AUTOTUNE_STORE": backend,
                "JAX_AUTOTUNE_MODE": "tune", "JAX_AUTOTUNE_BUDGET_SECONDS": "2"}
         owner = subprocess.run([sys.executable, "-P", "-c", _SERVE_AS_NOBODY, "owner"], env=env,
                                capture_output=True, text=True, timeout=300)
         assert owner.returncode == 0, owner.stderr
-        database = cache / "default.db"
-        with TuneStore(database) as s:  # checkpoint the WAL: one file, as deployed
-            s.entries()
-        for leftover in cache.glob("default.db-*"):
-            leftover.unlink()
-        before = database.read_bytes()
-        database.chmod(0o444)
+        unchanged = make_read_only(cache)
         cache.chmod(0o555)
         shared.chmod(0o755)
         nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -582,12 +578,31 @@ def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
         assert (counts["before"]["store_hits"], counts["before"]["tuned"]) == (1, 0)
         assert counts["after"]["tuned"] == 1  # the new key, in memory
         assert served.stderr.count("is read-only for this process") == 1
-        assert database.read_bytes() == before and sorted(p.name for p in cache.iterdir()) == ["default.db"]
+        unchanged()
     finally:
-        for path in (shared, shared / "cache"):
-            if path.exists():
+        for path in [shared, *shared.rglob("*")]:
+            if path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(shared)
+
+
+@pytest.mark.slow
+def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
+    def make_read_only(cache: Path):
+        database = cache / "default.db"
+        with TuneStore(database) as s:  # checkpoint the WAL: one file, as deployed
+            s.entries()
+        for leftover in cache.glob("default.db-*"):
+            leftover.unlink()
+        before = database.read_bytes()
+        database.chmod(0o444)
+
+        def unchanged():
+            assert database.read_bytes() == before
+            assert sorted(p.name for p in cache.iterdir()) == ["default.db"]
+        return unchanged
+
+    served_read_only_by_nobody("sqlite", make_read_only)
 
 
 class _FailingSecondDelete:

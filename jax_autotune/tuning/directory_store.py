@@ -125,19 +125,6 @@ class DirectoryStore(Store):
         self._opened = True
         return True
 
-    def check(self, write: bool = False) -> str:
-        with self._lock:
-            if not self._failed:
-                try:
-                    self._open(create=write)
-                except OSError as err:
-                    self._fail(err, warn=False)
-            if self._failed:
-                return f"cannot use {self._path}: {self._error}"
-            if write and self._read_only:
-                return f"cannot write {self._path}: it is read-only for this process"
-        return ""
-
     def _reading(self, body: Callable[[], Any], empty: Any) -> Any:
         """``body()`` when the folder exists; ``empty`` when it does not or the store failed
         (a disk error fails it, with the one warning)."""

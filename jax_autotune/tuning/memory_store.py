@@ -37,6 +37,9 @@ class MemoryStore(Store):
     def check(self, write: bool = False) -> str:
         return f"the disk store is off ({self.why})"
 
+    def _open(self, create: bool) -> None:
+        return None
+
     def get(self, namespace: str, key: str, checksum: str) -> dict | None:
         return None
 

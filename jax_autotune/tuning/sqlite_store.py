@@ -90,8 +90,8 @@ def _where(selected: NamespaceFilter) -> tuple[str, tuple]:
 class SqliteStore(Store):
     """The store in one SQLite file; never raises for disk trouble.
 
-        >>> SqliteStore("/proc/x/default.db").check(write=True)
-        'cannot use /proc/x/default.db: FileNotFoundError: ...'
+        >>> SqliteStore("/tmp/cache/default.db").put(ns, "k1", "c1", {"winner": "xla_dot"})
+        True
 
     Safe to share between threads (one connection behind a lock) and to use from several
     processes on one file (WAL, busy timeout). A store inherited through ``fork`` opens its
@@ -99,26 +99,17 @@ class SqliteStore(Store):
     """
 
     kind = "database"
+    _disk_errors = _DISK_ERRORS
 
     def __init__(self, path: str | os.PathLike) -> None:
         super().__init__(Path(os.fspath(path)))
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
 
-    def check(self, write: bool = False) -> str:
-        with self._lock:
-            if not self._failed:
-                try:
-                    self._connection(create=write)
-                except _DISK_ERRORS as err:
-                    self._fail(err, warn=False)
-            if self._failed:
-                return f"cannot use {self._path}: {self._error}"
-            if write and self._read_only:
-                return f"cannot write {self._path}: it is read-only for this process"
-        return ""
-
     # -- connection handling ------------------------------------------------------------
+
+    def _open(self, create: bool) -> sqlite3.Connection | None:
+        return self._connection(create)
 
     def _connection(self, create: bool) -> sqlite3.Connection | None:
         """The open connection; None if the store failed or (for a read, ``create=False``)

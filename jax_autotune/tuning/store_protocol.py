@@ -119,6 +119,7 @@ class Store(abc.ABC):
     """
 
     kind = "store"  # how messages name the location: 'database', 'folder'
+    _disk_errors: tuple[type[BaseException], ...] = (OSError,)  # what "the disk does not work" raises
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
@@ -144,10 +145,29 @@ class Store(abc.ABC):
         """True once the store was opened read-only (writes are dropped)."""
         return self._read_only
 
-    @abc.abstractmethod
     def check(self, write: bool = False) -> str:
         """'' when the store can be read now (``write``: and written; this creates it), else
-        why not, in one line, without the failure warning. A missing store reads as empty."""
+        why not, in one line, without the failure warning. A missing store reads as empty.
+
+            >>> SqliteStore("/proc/x/default.db").check(write=True)
+            'cannot use /proc/x/default.db: FileNotFoundError: ...'
+        """
+        with self._lock:
+            if not self._failed:
+                try:
+                    self._open(create=write)
+                except self._disk_errors as err:
+                    self._fail(err, warn=False)
+            if self._failed:
+                return f"cannot use {self._path}: {self._error}"
+            if write and self._read_only:
+                return f"cannot write {self._path}: it is read-only for this process"
+        return ""
+
+    @abc.abstractmethod
+    def _open(self, create: bool) -> Any:
+        """Make the store ready to read (``create``: and made if missing); raises one of
+        ``_disk_errors`` when it cannot be used. Call with the lock held."""
 
     @abc.abstractmethod
     def get(self, namespace: str, key: str, checksum: str) -> dict | None:
@@ -215,11 +235,14 @@ class Store(abc.ABC):
                    f"{namespace!r}, key={key!r}, checksum={checksum!r}): {reason}")
 
     def _skip(self, what: str) -> None:
-        if not self._warned_bad_row:
-            self._warned_bad_row = True
-            warnings.warn(f"jax_autotune: skipping {what}. That entry (and any other bad row "
-                          f"of this {self.kind}) is treated as missing until it is re-tuned.",
-                          StoreWarning, stacklevel=5)
+        self._warn_once("_warned_bad_row", f"skipping {what}. That entry (and any other bad row "
+                        f"of this {self.kind}) is treated as missing until it is re-tuned.", 5)
+
+    def _warn_once(self, flag: str, message: str, stacklevel: int) -> None:
+        """Set the attribute ``flag``; warn the first time only."""
+        if not getattr(self, flag):
+            setattr(self, flag, True)
+            warnings.warn(f"jax_autotune: {message}", StoreWarning, stacklevel=stacklevel + 1)
 
     def _decode(self, namespace: str, key: str, checksum: str, text: Any) -> dict | None:
         """The row's value as a dict, or None (with the one bad-row warning)."""
@@ -233,21 +256,16 @@ class Store(abc.ABC):
         """Fall back to memory-only, warning once. Call with the lock held."""
         self._failed, self._error = True, f"{type(err).__name__}: {err}"
         self.close()
-        if warn and not self._warned_failure:
-            self._warned_failure = True
-            warnings.warn(f"jax_autotune: cannot use the tune store {self.kind} {self._path}: "
-                          f"{type(err).__name__}: {err}. Tuning decisions stay in memory for "
-                          f"this process (they will be re-tuned next time).",
-                          StoreWarning, stacklevel=3)
+        if warn:
+            self._warn_once("_warned_failure", f"cannot use the tune store {self.kind} {self._path}: "
+                            f"{self._error}. Tuning decisions stay in memory for this process "
+                            f"(they will be re-tuned next time).", 3)
 
     def _become_read_only(self) -> None:
         """Read from now on, drop writes; one warning. Call with the lock held."""
-        if not self._read_only:
-            self._read_only = True
-            warnings.warn(f"jax_autotune: the tune store {self.kind} {self._path} is read-only "
-                          f"for this process: its decisions are used, new ones stay in "
-                          f"memory (they are tuned again by the next process).",
-                          StoreWarning, stacklevel=6)
+        self._warn_once("_read_only", f"the tune store {self.kind} {self._path} is read-only for "
+                        f"this process: its decisions are used, new ones stay in memory (they "
+                        f"are tuned again by the next process).", 6)
 
     def __repr__(self) -> str:
         state = ("memory-only" if not self.available else "read-only" if self._read_only
