@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -156,6 +157,24 @@ def test_foreign_names_are_skipped_with_one_warning_and_never_deleted(store):
     assert (folder / "notes.txt").read_text() == "mine" and (store.path / "README").read_text() == "mine too"
 
 
+def test_a_namespace_folder_this_process_may_not_list_is_skipped_with_one_warning(store, monkeypatch):
+    store.put(NS, "k", "c", {"winner": "xla_dot"})
+    store.put(TP, "peaks", "c", {"flops": 1.0})
+    hidden = row_file(store, TP, "peaks", "c").parent
+    real_listdir = os.listdir
+
+    def listdir(path):
+        if Path(path) == hidden:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(directory_store.os, "listdir", listdir)
+    with pytest.warns(JaxAutotuneStoreWarning, match="Permission denied") as seen:
+        assert [e.namespace for e in store.entries()] == [NS] and store.namespaces() == [NS]
+    assert len(store_warnings(seen)) == 1 and store.available
+    assert store.get(TP, "peaks", "c") == {"flops": 1.0}  # a row named directly is still read
+
+
 def test_a_decision_file_that_breaks_a_table_entrys_rules_is_skipped_and_retuned(fresh_tuning, monkeypatch):
     from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
     monkeypatch.setenv("JAX_AUTOTUNE_STORE", "directory")
@@ -205,6 +224,18 @@ def test_a_claim_file_that_cannot_be_read_is_taken_over(store):
     assert json.loads(claim.read_text())["owner"] == "me:1:a"
 
 
+def test_a_lapsed_claim_is_taken_over_only_by_the_holder_of_its_takeover_file(store):
+    assert store.claim(NS, "k", "c", "gone:1:a", lease_seconds=-1) == ("claimed", None)  # lapsed
+    claim = store._paths(NS, "k", "c")[2]
+    takeover = claim.with_suffix(".takeover")
+    takeover.write_text(json.dumps({"owner": "taker:2:b", "expires": time.time() + 600}))
+    assert store.claim(NS, "k", "c", "me:3:c", 30)[0] == "busy"  # another process is at it
+    assert json.loads(claim.read_text())["owner"] == "gone:1:a"
+    takeover.write_text(json.dumps({"owner": "taker:2:b", "expires": time.time() - 1}))  # it died
+    assert store.claim(NS, "k", "c", "me:3:c", 30) == ("claimed", None)
+    assert json.loads(claim.read_text())["owner"] == "me:3:c" and not takeover.exists()
+
+
 def test_a_decision_stored_meanwhile_ends_a_claim(store):
     assert store.claim(NS, "k", "c", "me:1:a", 30) == ("claimed", None)
     assert store.put_if_absent(NS, "k", "c", {"winner": "a"}) == ({"winner": "a"}, True)
@@ -215,28 +246,40 @@ def test_a_decision_stored_meanwhile_ends_a_claim(store):
     assert refused == ({"winner": "b"}, True) and store.get(NS, "k", "c") == {"winner": "b"}
 
 
+ROUNDS = [f"key-{i}" for i in range(5)]  # a race is run again on a new key: more chances to lose
+
+
+def claims_at_once(folder: Path, key: str) -> list:
+    return run_in_threads(16, lambda i: DirectoryStore(folder).claim(NS, key, "c", f"host:{i}:x",
+                                                                     lease_seconds=60))
+
+
 def test_of_many_stores_claiming_one_key_at_once_exactly_one_holds_it(tmp_path):
-    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
-        NS, "k", "c", f"host:{i}:x", lease_seconds=60))
-    assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
-    holder = next(f"host:{i}:x" for i, (state, _) in enumerate(results) if state == "claimed")
-    assert {value for state, value in results if state == "busy"} == {holder}
+    for key in ROUNDS:
+        results = claims_at_once(tmp_path / "default.d", key)
+        assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
+        holder = next(f"host:{i}:x" for i, (state, _) in enumerate(results) if state == "claimed")
+        assert {value for state, value in results if state == "busy"} == {holder}
 
 
 def test_of_many_stores_taking_over_one_lapsed_claim_at_once_exactly_one_holds_it(tmp_path):
     store = DirectoryStore(tmp_path / "default.d")
-    assert store.claim(NS, "k", "c", "gone:1:x", lease_seconds=-1) == ("claimed", None)  # lapsed
-    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").claim(
-        NS, "k", "c", f"host:{i}:x", lease_seconds=60))
-    assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
+    for key in ROUNDS:
+        assert store.claim(NS, key, "c", "gone:1:x", lease_seconds=-1) == ("claimed", None)  # lapsed
+        results = claims_at_once(tmp_path / "default.d", key)
+        assert sorted(state for state, _ in results) == ["busy"] * 15 + ["claimed"]
 
 
-def test_of_many_stores_inserting_one_key_at_once_all_end_with_the_one_inserted(tmp_path):
-    results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").put_if_absent(
-        NS, "k", "c", {"winner": f"kernel_{i}"}))
-    assert sum(inserted for _, inserted in results) == 1
-    assert len({value["winner"] for value, _ in results}) == 1
-    assert DirectoryStore(tmp_path / "default.d").get(NS, "k", "c") == results[0][0]
+@pytest.mark.parametrize("before", ["nothing", "a damaged row"])
+def test_of_many_stores_inserting_one_key_at_once_all_end_with_the_one_inserted(tmp_path, before):
+    for key in ROUNDS:
+        if before == "a damaged row":
+            DirectoryStore(tmp_path / "default.d").put(NS, key, "c", {"winner": "unusable"})
+        results = run_in_threads(16, lambda i: DirectoryStore(tmp_path / "default.d").put_if_absent(
+            NS, key, "c", {"winner": f"kernel_{i}"}, keep=lambda value: value["winner"] != "unusable"))
+        assert sum(inserted for _, inserted in results) == 1
+        assert len({value["winner"] for value, _ in results}) == 1
+        assert DirectoryStore(tmp_path / "default.d").get(NS, key, "c") == results[0][0]
 
 
 # ---------------------------------------------------------------- a killed writer

@@ -29,6 +29,8 @@ from jax_autotune.api import dot_general, matmul
 from jax_autotune.cli.keys import operand_shapes
 from jax_autotune.tuning.compile_cache import CompileCounter
 from jax_autotune.tuning.counters import stats
+from jax_autotune.tuning.store import store_location
+import jax_autotune.config as config
 
 NEXT_CALLS = 20
 
@@ -101,11 +103,18 @@ def fresh_cache_dir(parent: str | None) -> str:
     return tempfile.mkdtemp(prefix="jax_autotune_shapes_", dir=parent)
 
 
+def disk_backend() -> str:
+    """The store backend the experiment uses: the configured one, SQLite for ``memory``
+    (a warm process needs a store to be warm)."""
+    backend = config.get("store")
+    return "sqlite" if backend == "memory" else backend
+
+
 def run_experiment(shapes: list[str], dtype: str, cache_dir: str) -> dict[str, list[dict]]:
     """Run the shapes cold and warm in two fresh processes sharing the store in
     ``cache_dir`` (pass an empty folder, e.g. ``fresh_cache_dir``: it is never emptied)."""
     env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=cache_dir, JAX_AUTOTUNE_CACHE="1",
-               JAX_AUTOTUNE_ENVIRONMENT="default",
+               JAX_AUTOTUNE_ENVIRONMENT="default", JAX_AUTOTUNE_STORE=disk_backend(),
                JAX_AUTOTUNE_MODE="tune")
     results = {}
     for name in ("cold", "warm"):
@@ -128,7 +137,7 @@ def run(args) -> int:
         print(f"jax-autotune: shapes: cannot make a folder in --cache-dir {args.cache_dir}: {err}",
               file=sys.stderr)
         return 1
-    print(f"database: {os.path.join(cache_dir, 'default.db')}", file=sys.stderr)
+    print(f"database: {store_location(disk_backend(), cache_dir, 'default')}", file=sys.stderr)
     results = run_experiment(args.shapes, args.dtype, cache_dir)
     lines = (format_rows("process 1: cold cache", results["cold"])
              + format_rows("process 2: warm cache", results["warm"]))

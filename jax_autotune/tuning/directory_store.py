@@ -9,6 +9,7 @@ renamed into place works there (XLA keeps its autotuning results so). The layout
       <ns>/                    one folder per namespace; ns = sha256 of the namespace
         <row>.json             one row; row = sha256 of (key, checksum)
         <row>.claim            the key is being tuned: owner, lease expiry
+        <row>.takeover         the key's claim or damaged row being changed (for milliseconds)
         .<row>.<token>.tmp     a row or claim being written, renamed into place when whole
 
 A row file is one JSON object: ``{"namespace", "key", "checksum", "value", "updated"}``.
@@ -20,14 +21,16 @@ file that is not a regular file, not a JSON object, over the caps of
 for; names it does not know, too (dot files are in-progress writes: skipped quietly).
 
 A claim is created whole or not at all (a hard link of a written file: the one atomic
-create that NFS keeps; ``tuning.whole_files``), holds the owner and its lease's expiry, is renewed by rewriting
-it, and is taken over, as in the SQLite store, once its lease ran out or ``expired``
-says its owner is gone: the stale file is first renamed aside (one process wins), checked
-to be the one judged, then removed. Claims only spare work (each key tuned once); that
-every process ends with one decision rests on ``put_if_absent``, whose row is created
-once the same way. ``put_many`` and ``delete_namespaces`` go file by file, not in one
-transaction: rows written before a failure stay. A folder this process cannot write is
-read, with one warning; new decisions stay in memory.
+create that NFS keeps; ``tuning.whole_files``) and holds the owner and its lease's expiry.
+Whatever changes an existing claim (renewed, released, or taken over, as in the SQLite
+store, once its lease ran out or ``expired`` says its owner is gone) is done by the one
+process that creates the key's takeover file the same way, and only while the claim is
+still the one it judged. Claims only spare work (each key tuned once); that every process
+ends with one decision rests on ``put_if_absent``, whose row is created once the same way
+(a damaged row is replaced under the takeover file). ``put_many`` and
+``delete_namespaces`` go file by file, not in one transaction: rows written before a
+failure stay. A folder this process cannot write is read, with one warning; new
+decisions stay in memory.
 
     >>> from jax_autotune.tuning.directory_store import DirectoryStore
     >>> store = DirectoryStore("/shared/cache/jax_autotune/default.d")
@@ -42,6 +45,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -55,8 +59,9 @@ from jax_autotune.tuning.whole_files import (DENIED, create_once, read_whole, re
 __all__ = ["DirectoryStore"]
 
 _HASH = re.compile(r"[0-9a-f]{32}")
-_ROW, _CLAIM = ".json", ".claim"
-_TRIES = 3  # rounds of create, find a stale file, remove it
+_ROW, _CLAIM, _TAKEOVER = ".json", ".claim", ".takeover"
+_TRIES = 3  # rounds of create, find a stale file, replace it
+_TAKEOVER_SECONDS = 10.0  # a takeover takes milliseconds; one held longer is its dead taker's
 
 
 def _digest(*parts: str) -> str:
@@ -83,6 +88,10 @@ def _entry(data: bytes) -> StoreEntry:
         raise ValueError("expected a row: a value object and an updated time")
     return StoreEntry(record["namespace"], record["key"], record["checksum"], record["value"],
                       float(updated))
+
+
+def _never(owner: str, expires: float) -> bool:
+    return False
 
 
 def _holder(data: bytes | None) -> tuple[str, float]:
@@ -206,7 +215,7 @@ class DirectoryStore(Store):
         def body() -> bool:
             folders = dict.fromkeys(folder for (folder, _, _), _ in encoded)
             for folder in folders:
-                folder.mkdir(exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True)
             for (_, row, _), data in encoded:
                 replace_whole(row, data)
             for folder in folders:
@@ -221,19 +230,25 @@ class DirectoryStore(Store):
         data = _record(namespace, key, checksum, value, time.time())
 
         def body() -> tuple[dict, bool]:
-            folder.mkdir(exist_ok=True)
-            result = None
-            for _ in range(_TRIES):
-                stored = self._kept(row, keep)
+            folder.mkdir(parents=True, exist_ok=True)
+            result, alone = None, secrets.token_hex(8)
+            deadline, pause = time.monotonic() + _TAKEOVER_SECONDS, 0.001
+            while True:
+                seen = self._peek(row)
+                stored = None if seen is None else self._kept(row, keep, seen)
                 if stored is not None:
                     result = stored, False
                     break
-                # a row keep refuses (damaged, unusable) is replaced, as by SQLite
-                remove_if(row, lambda found: self._kept(row, keep, found) is None, self._peek)
-                if create_once(row, data):
+                done = create_once(row, data) if seen is None else self._exclusively(
+                    row, alone, _never, lambda: self._replace_if(row, seen, data))
+                if done:  # a row keep refuses (damaged, unusable) is replaced, as by SQLite
                     break
-            else:  # others kept writing rows keep refuses: this one replaces them
-                replace_whole(row, data)
+                if time.monotonic() > deadline:  # others kept it busy this long: replaced
+                    replace_whole(row, data)
+                    break
+                if done is None:  # another process is replacing it: its row, in a moment
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.05)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(claim)
             sync_folder(folder)
@@ -257,56 +272,95 @@ class DirectoryStore(Store):
                            "expires": time.time() + lease_seconds}).encode()
 
         def body() -> tuple[str, Any]:
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             holder = ""
             for _ in range(_TRIES):
                 stored = self._kept(row, keep)
                 if stored is not None:
                     return "decided", stored
                 if create_once(claim, mine):
-                    stored = self._kept(row, keep)  # stored between the look and the claim
-                    if stored is None:
-                        return "claimed", None
-                    remove_if(claim, lambda found: found == mine, self._peek)
-                    return "decided", stored
+                    return self._claimed(row, claim, owner, expired, keep)
                 seen = self._peek(claim)
                 if seen is None:
                     continue  # released meanwhile
                 holder, expires = _holder(seen)
-                if holder == owner:
-                    replace_whole(claim, mine)
-                    return "claimed", None
                 if claim_is_busy(holder, expires, owner, time.time(), expired):
                     return "busy", holder
-                remove_if(claim, lambda found: found == seen, self._peek)  # lapsed: taken over
+                # its own, lapsed, or its owner gone: renewed or taken over
+                if self._exclusively(claim, owner, expired, lambda: self._replace_if(claim, seen, mine)):
+                    return self._claimed(row, claim, owner, expired, keep)
             return "busy", holder
 
         return self._writing(body) or ("claimed", None)
 
+    def _claimed(self, row: Path, claim: Path, owner: str, expired: Expired, keep: Keep) -> tuple[str, Any]:
+        """This process holds the claim: unless a decision was stored between the look and
+        the claim (then the claim is dropped)."""
+        stored = self._kept(row, keep)
+        if stored is None:
+            return "claimed", None
+        self._drop(claim, owner, expired)
+        return "decided", stored
+
+    def _replace_if(self, path: Path, seen: bytes, data: bytes) -> bool:
+        """Replace ``path`` with ``data`` if it still holds ``seen``; whether it did."""
+        if self._peek(path) != seen:
+            return False  # renewed, released or taken over meanwhile: look again
+        replace_whole(path, data)
+        return True
+
+    def _drop(self, claim: Path, owner: str, expired: Expired) -> None:
+        """Remove ``owner``'s claim, unless another process holds it now."""
+        def step() -> None:
+            if _holder(self._peek(claim))[0] == owner:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(claim)
+        self._exclusively(claim, owner, expired, step)
+
+    def _exclusively(self, path: Path, owner: str, expired: Expired, step: Callable[[], Any]) -> Any:
+        """``step()`` while this process alone holds the takeover file of ``path``'s key
+        (created once, as a claim is); None when another process holds it. A takeover file
+        past its short lease, or of a process ``expired`` says is gone, is removed."""
+        lock = path.with_suffix(_TAKEOVER)
+        ticket = json.dumps({"owner": owner, "expires": time.time() + _TAKEOVER_SECONDS}).encode()
+        if not create_once(lock, ticket):
+            held = self._peek(lock)
+            if held is not None and not claim_is_busy(*_holder(held), owner, time.time(), expired):
+                remove_if(lock, lambda found: found == held, self._peek)
+            return None
+        try:
+            return step()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+
     def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:
         _, _, claim = self._paths(namespace, key, checksum)
 
-        def body() -> bool:
+        def step() -> bool:
             seen = self._peek(claim)
             if seen is None or _holder(seen)[0] != owner:
                 return False
             replace_whole(claim, json.dumps({**json.loads(seen), "expires": time.time() + lease_seconds}).encode())
             return True
 
-        return bool(self._writing(body))
+        return bool(self._writing(lambda: self._exclusively(claim, owner, _never, step)))
 
     def release(self, namespace: str, key: str, checksum: str, owner: str) -> None:
         _, _, claim = self._paths(namespace, key, checksum)
-        self._writing(lambda: remove_if(claim, lambda found: _holder(found)[0] == owner, self._peek))
+        self._writing(lambda: self._drop(claim, owner, _never))
 
     # -- many rows ----------------------------------------------------------------------
 
     def _names(self, folder: Path, wanted: re.Pattern) -> list[str]:
         """The names in ``folder`` that ``wanted`` matches, sorted; another name (not a dot
-        file) is skipped with the one warning."""
+        file), or a folder this process may not list, is skipped with the one warning."""
         try:
             names = sorted(os.listdir(folder))
         except (FileNotFoundError, NotADirectoryError):
+            return []
+        except PermissionError as err:  # another user's folder: its rows are not read
+            self._skip(f"{folder} in the tune store folder {self._path}: {err}")
             return []
         foreign = [name for name in names if not name.startswith(".") and not wanted.fullmatch(name)]
         if foreign:
@@ -315,7 +369,7 @@ class DirectoryStore(Store):
         return [name for name in names if wanted.fullmatch(name)]
 
     _FOLDER = re.compile(_HASH.pattern)
-    _FILE = re.compile(rf"{_HASH.pattern}({re.escape(_ROW)}|{re.escape(_CLAIM)})")
+    _FILE = re.compile(rf"{_HASH.pattern}({re.escape(_ROW)}|{re.escape(_CLAIM)}|{re.escape(_TAKEOVER)})")
 
     def _rows(self, folder: Path) -> list[Path]:
         return [folder / name for name in self._names(folder, self._FILE) if name.endswith(_ROW)]
