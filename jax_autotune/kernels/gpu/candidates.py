@@ -8,9 +8,9 @@
 
 A key is tuned with ONE round in practice: XLA's dot joins every round and is always
 valid, so the first group whose priority is >= 0 decides, and only the candidates of
-its top in-group tier run (1-5 of them, next to XLA's dot). The predicates below are on
-the key's bucketed sizes; "narrow" is min(m, n); "half" is bf16/f16, "tf32" is f32 at
-Precision.DEFAULT.
+its top in-group tier run (1-5 of them, next to XLA's dot). The predicates
+(``kernels.gpu.predicates``) are on the key's bucketed sizes; "narrow" is min(m, n);
+"half" is bf16/f16, "tf32" is f32 at Precision.DEFAULT.
 
 | group        | group priority                                              | top tier (in-group 2; lower tiers are 1)       |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
@@ -36,7 +36,8 @@ Precision.DEFAULT.
 cuBLASLt (``cublaslt_algo0..2``: the first three algorithms of its heuristic, called
 through an FFI custom call) joins every group's top tier, like XLA's dot joins every
 round: it compiles in milliseconds, is measured right after XLA's dot, and sets the bar
-that the cost model skips hopeless Pallas candidates against (``rules.cost_skip_ratio``).
+that the cost model (``kernels.gpu.cost``) skips hopeless Pallas candidates against
+(``rules.cost_skip_ratio``).
 
 A key with an epilogue (``MatmulKey.epilogue``) runs every candidate with the epilogue
 after it as XLA ops (XLA fuses it into its own GEMM, a custom call's runs as one more
@@ -55,38 +56,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.kernels.gpu import cublaslt, epilogues, mosaic
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
-from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
-from jax_autotune.kernels.gpu.padded import padded, padded_problem
-from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv, round_up
-from jax_autotune.kernels.gpu.triton import (
-    GemmConfig, VectorConfig, gemm, shared_memory_bytes, split_k_extent, tile_count,
-    vector_matmul,
+from jax_autotune.kernels.gpu import cublaslt, epilogues
+from jax_autotune.kernels.gpu.cost import (
+    gemm_cost, mosaic_cost, packed_cost, padded_xla_cost, vector_cost, xla_cost,
 )
-from jax_autotune.key import Kind, Layout, MatmulKey, Precision, Scale
+from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
+from jax_autotune.kernels.gpu.packed import packed_gemm
+from jax_autotune.kernels.gpu.padded import padded
+from jax_autotune.kernels.gpu.predicates import (
+    applying_epilogue, cublaslt_epilogue_supports, cublaslt_supports, dtype_class, float_supports,
+    gemm_supports, is_misaligned, is_split_k_shape, is_vector, mosaic_shape, mosaic_supports,
+    narrow_block, narrow_side, size_class, tf32_key, unless_applied, vector_supports,
+)
+from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, vector_matmul
+from jax_autotune.key import Kind
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.xla import XLA_DOT, xla_dot
 
 TOP, LOWER, SKIP = 2, 1, -1  # in-group tiers: the round, the tier tried if it all fails, none
-HALF = ("bfloat16", "float16")
-FLOAT = HALF + ("float32",)
-
-# rough H200 figures for the cost model, which only orders a round (the SM count comes
-# from the device)
-_PEAK_FLOPS = {"half": 790e12, "tf32": 400e12, "fp32": 50e12}
-_BANDWIDTH = 4.3e12
-_LAUNCH_S = 3e-6
-# the fraction of those peaks XLA's and cuBLAS's GEMMs reach on large problems, and the
-# Triton kernels' (the cost model also skips candidates estimated to lose, so
-# a library GEMM must not be estimated slower than it runs)
-_LIBRARY_EFFICIENCY = 0.95
-_KERNEL_EFFICIENCY = 0.7
 
 
 # ---------------------------------------------------------------- the configs
@@ -161,192 +151,6 @@ PADDED_CUBLASLT_ALIGNS = (8, 64)
 PADDED_BARRIER_ALIGNS = (8, 64)
 PADDED_TOP_ALIGN = 64
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
-
-
-# ---------------------------------------------------------------- key predicates
-
-def dtype_class(key: MatmulKey | MatmulProblem) -> str:
-    return "half" if key.lhs_dtype in HALF else "f32"
-
-
-def size_class(key: MatmulKey) -> str:
-    # 2**22 = a 2048 x 2048 bucket: it holds 1025..2048, so small real sizes land here too
-    if key.m * key.n <= 2 ** 22:
-        return "medium"
-    if key.k <= 256:
-        return "small_k"
-    return "large"
-
-
-def tf32_key(key: MatmulKey) -> bool:
-    """f32 inputs at Precision.DEFAULT: the tensor cores may run TF32 (as XLA's dot does)."""
-    return key.lhs_dtype == "float32" and key.precision == Precision.DEFAULT
-
-
-def is_vector(key: MatmulKey) -> bool:
-    return key.m == 1 or key.n == 1
-
-
-def narrow_side(key: MatmulKey) -> str | None:
-    """"m" or "n" when that side is <= 64 (bucketed) and not 1, else None."""
-    if is_vector(key) or min(key.m, key.n) > 64:
-        return None
-    return "m" if key.m <= key.n else "n"
-
-
-def narrow_block(key: MatmulKey) -> int:
-    return max(16, min(64, min(key.m, key.n)))
-
-
-def is_misaligned(key: MatmulKey) -> bool:
-    """A row stride that is not a multiple of 16 bytes: every GEMM loads narrowly."""
-    return key.kind == Kind.GENERAL and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) < ROW_ALIGN_BYTES
-
-
-def is_split_k_shape(key: MatmulKey) -> bool:
-    return key.m * key.n <= 2 ** 21 and key.k >= 2048
-
-
-def mosaic_shape(key: MatmulKey) -> bool:
-    """The accelerated group's key test (device-independent part)."""
-    itemsize = np.dtype(key.lhs_dtype).itemsize
-    return (key.lhs_dtype in HALF and key.rhs_dtype == key.lhs_dtype
-            and key.out_dtype == key.lhs_dtype and key.batch == 1
-            and key.kind == Kind.GENERAL and key.scale == Scale.LARGE
-            and key.lhs_layout == Layout.contiguous() and key.rhs_layout == Layout.contiguous()
-            and min(key.m, key.n) >= 1024
-            and 2 ** key.rhs_stride_factor >= 256 * itemsize  # n % 256 == 0
-            and 2 ** key.lhs_stride_factor >= 64 * itemsize)  # k % 64 == 0
-
-
-# ---------------------------------------------------------------- supports
-
-def _triton_device_ok(device: DeviceInfo, key: MatmulKey) -> bool:
-    cc = device.compute_capability
-    return (device.platform == "gpu" and cc is not None and cc >= (8, 0)
-            and key.lhs_dtype in FLOAT and key.rhs_dtype == key.lhs_dtype
-            and key.out_dtype in FLOAT
-            and key.lhs_layout.name != "HighlyPermuted" and key.rhs_layout.name != "HighlyPermuted")
-
-
-def gemm_supports(config: GemmConfig):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        itemsize = np.dtype(key.lhs_dtype).itemsize
-        return (_triton_device_ok(device, key)
-                and shared_memory_bytes(config, itemsize) <= device.shared_memory_limit)
-    return supports
-
-
-def cublaslt_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    return (device.platform == "gpu" and device.compute_capability is not None
-            and cublaslt.supported_dtypes(key.lhs_dtype, key.rhs_dtype, key.out_dtype)
-            and Precision(key.precision).algorithm is None and cublaslt.available())
-
-
-def cublaslt_epilogue_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    """cuBLASLt's own epilogue computes the key's (``epilogues.cublaslt_form``)."""
-    return (epilogues.cublaslt_form(key.epilogue, key.out_dtype) is not None
-            and cublaslt_supports(device, key))
-
-
-def applying_epilogue(supports):
-    """``supports`` for a Triton GEMM's fused variant: only where it takes the epilogue."""
-    return lambda device, key: epilogues.triton_takes(key.epilogue) and supports(device, key)
-
-
-def unless_applied(supports):
-    """``supports`` for a plain Triton GEMM with a fused variant, which stands in for it
-    wherever that one takes the epilogue."""
-    return lambda device, key: not epilogues.triton_takes(key.epilogue) and supports(device, key)
-
-
-def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    return _triton_device_ok(device, key) and is_vector(key)
-
-
-def mosaic_supports(config: MosaicConfig):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        cc = device.compute_capability
-        itemsize = np.dtype(key.lhs_dtype).itemsize
-        return (device.platform == "gpu" and cc is not None and cc >= (9, 0)
-                and mosaic.AVAILABLE and mosaic_shape(key)
-                and 2 ** key.rhs_stride_factor >= config.cta_tile[1] * itemsize
-                and 2 ** key.lhs_stride_factor >= config.tile_k * itemsize
-                and mosaic.fits_shared_memory(config, key.lhs_dtype, device.shared_memory_limit))
-    return supports
-
-
-# ---------------------------------------------------------------- cost model
-
-def _peak(problem: MatmulProblem) -> float:
-    if dtype_class(problem) == "half":
-        return _PEAK_FLOPS["half"]
-    return _PEAK_FLOPS["tf32" if problem.precision == Precision.DEFAULT else "fp32"]
-
-
-def _memory_seconds(problem: MatmulProblem, extra_bytes: float = 0.0) -> float:
-    item = np.dtype(problem.lhs_dtype).itemsize
-    out_item = np.dtype(problem.out_dtype).itemsize
-    b = problem.batch
-    moved = b * ((problem.m + problem.n) * problem.k * item + problem.m * problem.n * out_item)
-    return (moved + extra_bytes) / _BANDWIDTH
-
-
-def gemm_cost(config: GemmConfig, problem: MatmulProblem, sms: int) -> float:
-    """Seconds: whole waves of padded tiles at 70% of peak, or the bytes, plus a launch."""
-    waves = cdiv(tile_count(problem, config), sms)
-    k_extent = split_k_extent(problem.k, config) if config.split_k > 1 else problem.k
-    tile_flops = 2 * config.block_m * config.block_n * k_extent
-    compute = waves * sms * tile_flops / (_KERNEL_EFFICIENCY * _peak(problem))
-    partials = 0.0
-    if config.split_k > 1:  # f32 partials written, then read by the reduction
-        partials = 2 * 4 * config.split_k * problem.batch * problem.m * problem.n
-    launches = 2 if config.split_k > 1 else 1
-    return max(compute, _memory_seconds(problem, partials)) + launches * _LAUNCH_S
-
-
-def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
-    return _memory_seconds(problem) / 0.8 + _LAUNCH_S
-
-
-def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int) -> float:
-    cta_m, cta_n = config.cta_tile
-    tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
-    waves = cdiv(tiles, sms)
-    compute = waves * sms * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
-    return max(compute, _memory_seconds(problem)) + _LAUNCH_S
-
-
-def _padded_supports(inner, half_only: bool = False):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        if device.platform != "gpu" or key.lhs_dtype not in (HALF if half_only else FLOAT):
-            return False
-        return inner is None or inner(device, key)
-    return supports
-
-
-def _pad_copy_seconds(problem: MatmulProblem) -> float:
-    return 2 * _memory_seconds(problem) + 2 * _LAUNCH_S  # operands and output copied
-
-
-def _padded_xla_cost(align: int, problem: MatmulProblem, misaligned_only: bool = False) -> float:
-    big = padded_problem(problem, align, misaligned_only)
-    flops = 2 * big.batch * big.m * big.n * big.k
-    return max(flops / (_LIBRARY_EFFICIENCY * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
-
-
-def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem,
-                sms: int) -> float:
-    """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
-    big = dataclasses.replace(problem, k=round_up(problem.k, config.block_k))
-    moved = packing_bytes(problem, config.block_k, k_major)
-    copies = (moved > 0) * 2
-    return gemm_cost(config, big, sms) + moved / _BANDWIDTH + copies * _LAUNCH_S
-
-
-def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
-    flops = 2 * problem.batch * problem.m * problem.n * problem.k
-    return max(flops / (_LIBRARY_EFFICIENCY * _peak(problem)), _memory_seconds(problem)) + launches * _LAUNCH_S
 
 
 # ---------------------------------------------------------------- the set
@@ -497,8 +301,8 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
     builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",
                           padded(xla_dot, PADDED_XLA_ALIGN),
                           params={"family": "padded", "align": PADDED_XLA_ALIGN},
-                          supports=_padded_supports(None),
-                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
+                          supports=float_supports,
+                          cost=functools.partial(padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
                 padded_group, lambda key: LOWER)
     for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
         algorithms = range(CUBLASLT_ALGORITHMS) if align == PADDED_TOP_ALIGN else range(1)
@@ -510,7 +314,7 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                                   params={"family": "padded", "inner": "cublaslt", "align": align,
                                           "misaligned_only": True, "algorithm": algorithm},
                                   supports=cublaslt_supports,
-                                  cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                                  cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                                   quick_compile=True),
                         padded_group, _align_tier(align))
     for align in PADDED_BARRIER_ALIGNS:
@@ -518,12 +322,12 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                               padded(xla_dot, align, barrier=True, misaligned_only=True),
                               params={"family": "padded", "align": align, "barrier": True,
                                       "misaligned_only": True},
-                              supports=_padded_supports(None),
-                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                              supports=float_supports,
+                              cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                               xla_autotuned=True),
                     padded_group, _align_tier(align))
     builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
-                          supports=_padded_supports(None),
+                          supports=float_supports,
                           cost=functools.partial(xla_cost, launches=2), xla_autotuned=True),
                 split_k, lambda key: TOP)
 
