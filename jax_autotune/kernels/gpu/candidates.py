@@ -6,6 +6,12 @@
     >>> candidate_set.baseline.name
     'xla_dot'
 
+The set is XLA's dot, the groups below (``declare_groups``), then one builder per family,
+in the order of ``FAMILIES``: ``family(builder, groups, device)`` adds that family's
+candidates with their groups and in-group priorities. A new family is one such function
+and one line at the end of ``FAMILIES`` (the set's checksum hashes every name and its
+parameters in order: a changed set re-tunes the decisions stored for the old one).
+
 A key is tuned with ONE round in practice: XLA's dot joins every round and is always
 valid, so the first group whose priority is >= 0 decides, and only the candidates of
 its top in-group tier run (1-5 of them, next to XLA's dot). The predicates
@@ -55,8 +61,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
-from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
+from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder, Group
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import cublaslt, epilogues
 from jax_autotune.kernels.gpu.cost import (
@@ -71,7 +78,7 @@ from jax_autotune.kernels.gpu.predicates import (
     narrow_block, narrow_side, size_class, tf32_key, unless_applied, vector_supports,
 )
 from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, vector_matmul
-from jax_autotune.key import Kind
+from jax_autotune.key import Kind, MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.xla import XLA_DOT, xla_dot
@@ -153,7 +160,7 @@ PADDED_TOP_ALIGN = 64
 PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
-# ---------------------------------------------------------------- the set
+# ---------------------------------------------------------------- kernels and tiers
 
 def _kernel(fn, config, fn_name: str | None = None):
     """``fn(lhs, rhs, problem, *operands)`` for the candidate contract, with the config bound
@@ -162,11 +169,6 @@ def _kernel(fn, config, fn_name: str | None = None):
         return fn(lhs, rhs, problem, config, *operands)
     kernel.__name__ = f"{fn_name or fn.__name__}_{config.name}"
     return kernel
-
-
-def _align_tier(align: int):
-    """The in-group tier of a padded variant: the top one for the pad to PADDED_TOP_ALIGN."""
-    return lambda key: TOP if align == PADDED_TOP_ALIGN else LOWER
 
 
 def _cublaslt_kernel(lhs, rhs, problem: MatmulProblem, *, algorithm: int):
@@ -183,128 +185,186 @@ def _cublaslt_epilogue_kernel(lhs, rhs, problem: MatmulProblem, *operands, algor
                            residual=pick(form.residual), activation=form.activation)
 
 
+def _params(config, family: str) -> dict:
+    return {"family": family, **dataclasses.asdict(config)}
+
+
+def _top(key: MatmulKey) -> int:
+    return TOP
+
+
+def _lower(key: MatmulKey) -> int:
+    return LOWER
+
+
+def _half_only(key: MatmulKey) -> int:
+    return TOP if dtype_class(key) == "half" else SKIP
+
+
+def _align_tier(align: int):
+    """The in-group tier of a padded variant: the top one for the pad to PADDED_TOP_ALIGN."""
+    return _top if align == PADDED_TOP_ALIGN else _lower
+
+
 def _best_of(priorities):
     if len(priorities) == 1:
         return priorities[0]
     return lambda key: max(p(key) for p in priorities)
 
 
-def _params(config, family: str) -> dict:
-    return {"family": family, **dataclasses.asdict(config)}
+# ---------------------------------------------------------------- the groups
+
+class Groups(NamedTuple):
+    """The set's groups in declaration order, which breaks ties of equal priority."""
+
+    padded: Group
+    skinny: Group
+    split_k: Group
+    accelerated: Group
+    triton: Group
 
 
-def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
-    """XLA's dot (candidate 0), then Mosaic wgmma and Pallas Triton kernels in four groups."""
-    builder = CandidateSetBuilder("gpu", device.device_kind)
-    builder.add(XLA_DOT)
+def declare_groups(builder: CandidateSetBuilder, device: DeviceInfo) -> Groups:
+    """The five groups of the table above, declared on ``builder`` in this order."""
     hopper = (device.compute_capability or (0, 0)) >= (9, 0)
-    sms = device.multiprocessors
+    return Groups(
+        # a misaligned key's round seldom ends early (XLA's own dot there is far from the
+        # roofline), so its XLA-based candidates are autotuned together with XLA's dot
+        padded=builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP,
+                             primes_xla=True),
+        skinny=builder.group(
+            "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP),
+        split_k=builder.group(
+            "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP),
+        accelerated=builder.group(
+            "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP),
+        triton=builder.group(
+            "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP),
+    )
 
-    # a misaligned key's round seldom ends early (XLA's own dot there is far from the
-    # roofline), so its XLA-based candidates are autotuned together with XLA's dot
-    padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP,
-                                 primes_xla=True)
-    skinny = builder.group(
-        "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP)
-    split_k = builder.group(
-        "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP)
-    accelerated = builder.group(
-        "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP)
-    triton = builder.group(
-        "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP)
 
-    every_top_tier = [(group, lambda key: TOP) for group in (padded_group, skinny, split_k, accelerated, triton)]
+# ---------------------------------------------------------------- the families
+# Each ``family(builder, groups, device)`` adds one family's candidates, with their groups
+# and in-group priorities; the set is XLA's dot, then FAMILIES in order.
+
+def _add_cublaslt(builder: CandidateSetBuilder, groups: Groups, family: str, kernel, supports,
+                  applies_epilogue: bool = False) -> None:
+    """``{family}_algo0..2``: cuBLASLt's first heuristic algorithms, in every top tier."""
     for algorithm in range(CUBLASLT_ALGORITHMS):
-        builder.add(Candidate(f"cublaslt_algo{algorithm}",
-                              functools.partial(_cublaslt_kernel, algorithm=algorithm),
-                              params={"family": "cublaslt", "algorithm": algorithm,
+        builder.add(Candidate(f"{family}_algo{algorithm}", functools.partial(kernel, algorithm=algorithm),
+                              params={"family": family, "algorithm": algorithm,
                                       "workspace": cublaslt.WORKSPACE_BYTES},
-                              supports=cublaslt_supports, cost=xla_cost, quick_compile=True),
-                    *every_top_tier)
-    for algorithm in range(CUBLASLT_ALGORITHMS):
-        builder.add(Candidate(f"cublaslt_epilogue_algo{algorithm}",
-                              functools.partial(_cublaslt_epilogue_kernel, algorithm=algorithm),
-                              params={"family": "cublaslt_epilogue", "algorithm": algorithm,
-                                      "workspace": cublaslt.WORKSPACE_BYTES},
-                              supports=cublaslt_epilogue_supports, cost=xla_cost, quick_compile=True,
-                              applies_epilogue=True),
-                    *every_top_tier)
+                              supports=supports, cost=xla_cost, quick_compile=True,
+                              applies_epilogue=applies_epilogue),
+                    *[(group, _top) for group in groups])
 
+
+def _add_with_fused(builder: CandidateSetBuilder, name: str, kernel, params: dict, supports, cost,
+                    pairs: list, fuses: bool = True) -> None:
+    """A Triton GEMM ``name`` and, if it ``fuses``, ``{name}_epilogue``, which applies an
+    elementwise epilogue to its tiles and stands in for it wherever it takes one."""
+    builder.add(Candidate(name, kernel, params=params,
+                          supports=unless_applied(supports) if fuses else supports, cost=cost),
+                *pairs)
+    if fuses:
+        builder.add(Candidate(f"{name}_epilogue", kernel, params={**params, "epilogue": True},
+                              supports=applying_epilogue(supports), cost=cost, applies_epilogue=True),
+                    *pairs)
+
+
+def cublaslt_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``cublaslt_algo0..2``, joining every group's top tier."""
+    _add_cublaslt(builder, groups, "cublaslt", _cublaslt_kernel, cublaslt_supports)
+
+
+def cublaslt_epilogue_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``cublaslt_epilogue_algo0..2``: the key's epilogue by cuBLASLt's own."""
+    _add_cublaslt(builder, groups, "cublaslt_epilogue", _cublaslt_epilogue_kernel,
+                  cublaslt_epilogue_supports, applies_epilogue=True)
+
+
+def mosaic_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``mosaic_wgmma_*``: the accelerated group's top tier (sm_90)."""
     for config in MOSAIC_CONFIGS:
         builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
                               params=_params(config, "mosaic_wgmma"),
                               supports=mosaic_supports(config),
-                              cost=functools.partial(mosaic_cost, config, sms=sms)),
-                    accelerated, lambda key: TOP)
+                              cost=functools.partial(mosaic_cost, config, sms=device.multiprocessors)),
+                    groups.accelerated, _top)
 
-    # A config may serve several profiles or groups: collect its memberships, add it once.
-    gemm_members: dict[GemmConfig, dict[str, list]] = {}
 
-    def member(config: GemmConfig, group, priority):
-        gemm_members.setdefault(config, {}).setdefault(group.name, [group]).append(priority)
+def _profile_tier(profile: tuple[str, str]):
+    return lambda key: (TOP if (dtype_class(key), size_class(key)) == profile
+                        else LOWER if dtype_class(key) == "half" or tf32_key(key) else SKIP)
 
+
+def _tf32_tier(profile: str):
+    return lambda key: SKIP if not tf32_key(key) else TOP if size_class(key) == profile else LOWER
+
+
+def _skinny_tier(side: str, narrow: int):
+    return lambda key: TOP if (narrow_side(key), narrow_block(key)) == (side, narrow) else LOWER
+
+
+def _gemm_slots(groups: Groups):
+    """(config, group, in-group priority) for every place a Triton GEMM serves."""
     accelerated_backups = GEMM_PROFILES[("half", "large")][:1]
     for profile, configs in GEMM_PROFILES.items():
         for config in configs:
-            member(config, triton, lambda key, profile=profile:
-                   TOP if (dtype_class(key), size_class(key)) == profile
-                   else LOWER if dtype_class(key) == "half" or tf32_key(key) else SKIP)
+            yield config, groups.triton, _profile_tier(profile)
             if config in accelerated_backups:
-                member(config, accelerated, lambda key: TOP)
+                yield config, groups.accelerated, _top
     for config in SPLIT_K_CONFIGS:
-        member(config, split_k, lambda key: TOP if dtype_class(key) == "half" else SKIP)
+        yield config, groups.split_k, _half_only
     for side in ("m", "n"):
         for narrow in SKINNY_NARROW:
             for wide, bk, stages, sk in _SKINNY_SHAPES:
-                member(skinny_config(side, narrow, wide, bk, stages, sk), skinny,
-                       lambda key, slot=(side, narrow):
-                       TOP if (narrow_side(key), narrow_block(key)) == slot else LOWER)
-    for config, groups in gemm_members.items():
-        pairs = [(group, _best_of(priorities)) for group, *priorities in groups.values()]
-        fuses = config.split_k == 1  # split-K partials are summed before any epilogue
-        builder.add(Candidate(f"triton_gemm_{config.name}", _kernel(gemm, config),
-                              params=_params(config, "triton_gemm"),
-                              supports=unless_applied(gemm_supports(config)) if fuses else gemm_supports(config),
-                              cost=functools.partial(gemm_cost, config, sms=sms)),
-                    *pairs)
-        if fuses:
-            builder.add(Candidate(f"triton_gemm_{config.name}_epilogue", _kernel(gemm, config),
-                                  params={**_params(config, "triton_gemm"), "epilogue": True},
-                                  supports=applying_epilogue(gemm_supports(config)),
-                                  cost=functools.partial(gemm_cost, config, sms=sms), applies_epilogue=True),
-                        *pairs)
+                yield skinny_config(side, narrow, wide, bk, stages, sk), groups.skinny, _skinny_tier(side, narrow)
 
-    # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
-    packed_members: dict[tuple[GemmConfig, bool], list] = {}
+
+def triton_gemm_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_gemm_*``: the profiles', split-K and skinny GEMMs; a config serving several
+    slots is added once, with its best tier per group."""
+    members: dict[GemmConfig, dict[str, list]] = {}
+    for config, group, priority in _gemm_slots(groups):
+        members.setdefault(config, {}).setdefault(group.name, [group]).append(priority)
+    for config, by_group in members.items():
+        pairs = [(group, _best_of(priorities)) for group, *priorities in by_group.values()]
+        fuses = config.split_k == 1  # split-K partials are summed before any epilogue
+        _add_with_fused(builder, f"triton_gemm_{config.name}", _kernel(gemm, config),
+                        _params(config, "triton_gemm"), gemm_supports(config),
+                        functools.partial(gemm_cost, config, sms=device.multiprocessors), pairs, fuses)
+
+
+def triton_packed_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_packed_*``: K-major f32 (TF32) GEMMs in triton_gemm, as-stored half ones in padded."""
+    members: dict[tuple[GemmConfig, bool], list] = {}
     for profile, configs in F32_PACKED_PROFILES.items():
         for config in configs:
-            packed_members.setdefault((config, True), []).append(
-                (triton, lambda key, profile=profile: SKIP if not tf32_key(key)
-                 else TOP if size_class(key) == profile else LOWER))
+            members.setdefault((config, True), []).append((groups.triton, _tf32_tier(profile)))
     for config in PADDED_PACKED_CONFIGS:
-        packed_members.setdefault((config, False), []).append(
-            (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
-    for (config, k_major), pairs in packed_members.items():
+        members.setdefault((config, False), []).append((groups.padded, _half_only))
+    for (config, k_major), pairs in members.items():
         layout = "kmajor" if k_major else "asis"
         kernel = _kernel(functools.partial(packed_gemm, k_major=k_major), config, f"packed_gemm_{layout}")
-        params = {**_params(config, "triton_packed"), "k_major": k_major}
-        cost = functools.partial(packed_cost, config, k_major, sms=sms)
-        builder.add(Candidate(f"triton_packed_{layout}_{config.name}", kernel, params=params,
-                              supports=unless_applied(gemm_supports(config)), cost=cost),
-                    *pairs)
-        builder.add(Candidate(f"triton_packed_{layout}_{config.name}_epilogue", kernel,
-                              params={**params, "epilogue": True},
-                              supports=applying_epilogue(gemm_supports(config)), cost=cost,
-                              applies_epilogue=True),
-                    *pairs)
+        _add_with_fused(builder, f"triton_packed_{layout}_{config.name}", kernel,
+                        {**_params(config, "triton_packed"), "k_major": k_major}, gemm_supports(config),
+                        functools.partial(packed_cost, config, k_major, sms=device.multiprocessors), pairs)
 
-    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",
-                          padded(xla_dot, PADDED_XLA_ALIGN),
+
+def padded_xla_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_xla_dot_a8``: m, n and k padded to 8, a lower tier of padded."""
+    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}", padded(xla_dot, PADDED_XLA_ALIGN),
                           params={"family": "padded", "align": PADDED_XLA_ALIGN},
                           supports=float_supports,
                           cost=functools.partial(padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
-                padded_group, lambda key: LOWER)
-    for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
+                groups.padded, _lower)
+
+
+def padded_cublaslt_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_cublaslt_a{8,64}_rows[_algoN]``: the misaligned rows padded (a custom call
+    cannot fuse the pads: no barrier); three algorithms on the pad to 64, one on the pad to 8."""
+    for align in PADDED_CUBLASLT_ALIGNS:
         algorithms = range(CUBLASLT_ALGORITHMS) if align == PADDED_TOP_ALIGN else range(1)
         for algorithm in algorithms:
             suffix = f"_algo{algorithm}" if algorithm else ""
@@ -316,7 +376,12 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                                   supports=cublaslt_supports,
                                   cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                                   quick_compile=True),
-                        padded_group, _align_tier(align))
+                        groups.padded, _align_tier(align))
+
+
+def padded_barrier_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_xla_dot_a{8,64}_barrier_rows``: XLA's dot on the misaligned rows padded,
+    the pads behind a barrier."""
     for align in PADDED_BARRIER_ALIGNS:
         builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
                               padded(xla_dot, align, barrier=True, misaligned_only=True),
@@ -325,21 +390,44 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                               supports=float_supports,
                               cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                               xla_autotuned=True),
-                    padded_group, _align_tier(align))
+                    groups.padded, _align_tier(align))
+
+
+def xla_transposed_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``xla_transposed``: XLA's dot of C^T = B^T A^T, in split_k's top tier."""
     builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
                           supports=float_supports,
                           cost=functools.partial(xla_cost, launches=2), xla_autotuned=True),
-                split_k, lambda key: TOP)
+                groups.split_k, _top)
 
+
+def triton_vector_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_vector_*``: skinny_gemv's top tier when m or n is 1."""
     for config in VECTOR_CONFIGS:
         builder.add(Candidate(f"triton_vector_{config.name}", _kernel(vector_matmul, config),
                               params=_params(config, "triton_vector"), supports=vector_supports,
                               cost=functools.partial(vector_cost, config)),
-                    skinny, lambda key: TOP if is_vector(key) else SKIP)
+                    groups.skinny, lambda key: TOP if is_vector(key) else SKIP)
+
+
+# The order is the set's (its checksum hashes it): a new family goes at the end.
+FAMILIES = (cublaslt_family, cublaslt_epilogue_family, mosaic_family, triton_gemm_family,
+            triton_packed_family, padded_xla_family, padded_cublaslt_family, padded_barrier_family,
+            xla_transposed_family, triton_vector_family)
+
+
+def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
+    """XLA's dot (candidate 0), the groups, then every family of ``FAMILIES`` in order."""
+    builder = CandidateSetBuilder("gpu", device.device_kind)
+    builder.add(XLA_DOT)
+    groups = declare_groups(builder, device)
+    for family in FAMILIES:
+        family(builder, groups, device)
     return builder.build()
 
 
-__all__ = ["gpu_candidate_set", "CUBLASLT_ALGORITHMS", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
+__all__ = ["gpu_candidate_set", "FAMILIES", "Groups", "declare_groups", "CUBLASLT_ALGORITHMS",
+           "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
            "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
            "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
            "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]
