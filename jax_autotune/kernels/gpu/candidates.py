@@ -8,7 +8,8 @@
 
 The set is XLA's dot, the groups below (``declare_groups``), then one builder per family,
 in the order of ``FAMILIES``: ``family(builder, groups, device)`` adds that family's
-candidates with their groups and in-group priorities. A new family is one such function
+candidates (most of them one per config of ``kernels.gpu.configs``) with their groups and
+in-group priorities. A new family is one such function
 and one line at the end of ``FAMILIES`` (the set's checksum hashes every name and its
 parameters in order: a changed set re-tunes the decisions stored for the old one).
 
@@ -66,10 +67,15 @@ from typing import NamedTuple
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder, Group
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import cublaslt, epilogues
+from jax_autotune.kernels.gpu.configs import (
+    CUBLASLT_ALGORITHMS, F32_PACKED_PROFILES, GEMM_PROFILES, MOSAIC_CONFIGS, PADDED_BARRIER_ALIGNS,
+    PADDED_CUBLASLT_ALIGNS, PADDED_PACKED_CONFIGS, PADDED_TOP_ALIGN, PADDED_XLA_ALIGN, SKINNY_NARROW,
+    SKINNY_SHAPES, SPLIT_K_CONFIGS, VECTOR_CONFIGS, skinny_config,
+)
 from jax_autotune.kernels.gpu.cost import (
     gemm_cost, mosaic_cost, packed_cost, padded_xla_cost, vector_cost, xla_cost,
 )
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
+from jax_autotune.kernels.gpu.mosaic import mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm
 from jax_autotune.kernels.gpu.padded import padded
 from jax_autotune.kernels.gpu.predicates import (
@@ -77,87 +83,13 @@ from jax_autotune.kernels.gpu.predicates import (
     gemm_supports, is_misaligned, is_split_k_shape, is_vector, mosaic_shape, mosaic_supports,
     narrow_block, narrow_side, size_class, tf32_key, unless_applied, vector_supports,
 )
-from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, vector_matmul
+from jax_autotune.kernels.gpu.triton import GemmConfig, gemm, vector_matmul
 from jax_autotune.key import Kind, MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.xla import XLA_DOT, xla_dot
 
 TOP, LOWER, SKIP = 2, 1, -1  # in-group tiers: the round, the tier tried if it all fails, none
-
-
-# ---------------------------------------------------------------- the configs
-
-def _g(bm, bn, bk, w, s, sk=1, g=8) -> GemmConfig:
-    return GemmConfig(block_m=bm, block_n=bn, block_k=bk, group_m=g, num_warps=w,
-                      num_stages=s, split_k=sk)
-
-
-# triton_gemm: profile -> configs; profile = (dtype class, size class), pruned by the H200
-# kernel probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
-# tiled GEMM on the operands as stored.
-GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
-    ("half", "medium"): (_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(128, 64, 64, 4, 4),
-                         _g(128, 128, 64, 8, 3)),
-    ("half", "small_k"): (_g(128, 128, 64, 8, 3), _g(128, 256, 64, 8, 3), _g(256, 128, 64, 8, 3),
-                          _g(128, 128, 128, 8, 2)),
-    ("half", "large"): (_g(128, 256, 64, 8, 3), _g(128, 128, 64, 8, 3), _g(256, 128, 64, 8, 3)),
-}
-
-# f32 at DEFAULT (TF32) runs the GEMM on operands packed K-major (``gpu.packed``): wgmma
-# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs. It
-# still trails XLA's cuBLAS, so one or two configs per profile; f32 HIGH/HIGHEST
-# (Triton's ieee dot, on the CUDA cores) lost to XLA everywhere and gets no Triton round
-# (benchmarks/results/gpu_kernels_2026-11-29-perf-pass.md).
-F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
-    "medium": (_g(64, 64, 64, 4, 3), _g(64, 64, 32, 4, 4)),
-    "small_k": (_g(128, 128, 32, 4, 3),),
-    "large": (_g(128, 128, 32, 4, 3),),
-}
-
-# split_k: half precision only (an f32 rhs as stored is not pipelined, see above); next
-# to them XLA's dot of the transposed problem, C^T = B^T A^T, for every dtype: cuBLAS
-# then picks another kernel, which won at f32 128x8192x8192.
-SPLIT_K_CONFIGS = (_g(128, 128, 64, 8, 4, sk=2), _g(128, 64, 64, 4, 3, sk=2),
-                   _g(64, 64, 64, 4, 3, sk=4))
-
-# skinny: narrow block on the narrow side; (wide block, block_k, stages, split_k)
-_SKINNY_SHAPES = ((64, 128, 4, 1), (64, 128, 4, 4), (128, 64, 4, 2), (64, 256, 3, 1))
-SKINNY_NARROW = (16, 32, 64)
-
-
-def skinny_config(side: str, narrow: int, wide: int, bk: int, stages: int, sk: int) -> GemmConfig:
-    bm, bn = (narrow, wide) if side == "m" else (wide, narrow)
-    return _g(bm, bn, bk, 4, stages, sk)
-
-
-# vector kernels: narrow output blocks with long k steps (wide blocks starve the SMs of
-# work at m == 1); XLA's dot is at the memory floor there anyway
-VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
-
-MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
-                  MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
-
-# cuBLASLt: this many of its heuristic's algorithms per problem (rank 0 is its own pick)
-CUBLASLT_ALGORITHMS = 3
-
-# padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
-# the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
-# into the unpadded result (no slice copy). Padding all of m, n, k to 64 was never
-# better than to 8. The barrier variants pad only the misaligned row strides and keep
-# XLA from fusing the pads into its GEMM, so cuBLAS runs on aligned operands (Inductor's
-# lever on such shapes); an aligned n then needs no slice of the output. The plain pad
-# to 8 lost to a barrier variant on every misaligned shape of the 2026-12-01 GPU suite,
-# so it is only a lower tier now, as are the pads to 8 of the others (the pad to 64 was
-# within 2% of it or ahead, and each XLA variant costs a compile with XLA's autotuner);
-# cuBLASLt on the padded rows needs no barrier, and on the pad to 64 it runs the same
-# first algorithms of its heuristic as unpadded (XLA's autotuner, trying them all, found
-# a faster cuBLASLt call than its first for the 50257 vocabulary head).
-PADDED_XLA_ALIGN = 8
-PADDED_CUBLASLT_ALIGNS = (8, 64)
-PADDED_BARRIER_ALIGNS = (8, 64)
-PADDED_TOP_ALIGN = 64
-PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
 # ---------------------------------------------------------------- kernels and tiers
@@ -318,7 +250,7 @@ def _gemm_slots(groups: Groups):
         yield config, groups.split_k, _half_only
     for side in ("m", "n"):
         for narrow in SKINNY_NARROW:
-            for wide, bk, stages, sk in _SKINNY_SHAPES:
+            for wide, bk, stages, sk in SKINNY_SHAPES:
                 yield skinny_config(side, narrow, wide, bk, stages, sk), groups.skinny, _skinny_tier(side, narrow)
 
 
