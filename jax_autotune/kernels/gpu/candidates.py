@@ -9,9 +9,16 @@
 The set is XLA's dot, the groups below (``declare_groups``), then one builder per family,
 in the order of ``FAMILIES``: ``family(builder, groups, device)`` adds that family's
 candidates (most of them one per config of ``kernels.gpu.configs``) with their groups and
-in-group priorities. A new family is one such function
-and one line at the end of ``FAMILIES`` (the set's checksum hashes every name and its
-parameters in order: a changed set re-tunes the decisions stored for the old one).
+in-group priorities. A new family is one such function and one line at the end of
+``FAMILIES`` (the set's checksum hashes every name and its parameters in order: a changed
+set re-tunes the decisions stored for the old one):
+
+    def my_family(builder, groups, device):
+        for config in MY_CONFIGS:
+            builder.add(Candidate(f"my_gemm_{config.name}", _kernel(my_gemm, config),
+                                  params=_params(config, "my_gemm"), supports=my_supports,
+                                  cost=functools.partial(my_cost, config)),
+                        groups.triton, _top)
 
 A key is tuned with ONE round in practice: XLA's dot joins every round and is always
 valid, so the first group whose priority is >= 0 decides, and only the candidates of
