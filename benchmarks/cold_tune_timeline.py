@@ -115,21 +115,8 @@ def serial_costs(tuner, problem) -> dict:
     return costs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--keys", default="bf16:1024,bf16:768,f32:1025,bf16:16x8192x8192,bf16:4096")
-    parser.add_argument("--serial", default="", help="keys whose set-up steps are timed one by one")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="timeline_"))
-
-    import jax
-    from jax_autotune.problem import MatmulProblem
-    from jax_autotune.tuning.plan import make_plan
-    from jax_autotune.tuning.timing import random_operands
-    from jax_autotune.registry import tuner_for
-
+def timed_probes() -> dict[str, float]:
+    """From now on, the wall time of each probe (compile included), by name."""
     from jax_autotune.tuning.probes import Probes
     probe_seconds: dict[str, float] = {}
     original_get = Probes.get
@@ -141,49 +128,41 @@ def main() -> None:
         finally:
             probe_seconds.setdefault(name, time.perf_counter() - start)
 
-    Probes.get = timed_get  # wall time of each probe, compile included
-    t_import = time.perf_counter()
-    tuner = tuner_for(jax.default_backend())
-    origin = [0.0]
-    timer = TimelineTimer(tuner.timer, origin)
-    tuner.timer = timer
-    print(f"tuner built in {time.perf_counter() - t_import:.2f} s", flush=True)
-    report = {"jax": jax.__version__, "keys": []}
-    problem = None
-    for text in args.keys.split(","):
-        dtype, m, n, k = parse_key(text)
-        problem = MatmulProblem(1, m, n, k, dtype, dtype, dtype)
-        timer.events = []
-        origin[0] = time.perf_counter()
-        decision = tuner.select(problem)
-        wall = time.perf_counter() - origin[0]
-        entry = {"key": text, "wall_s": wall, "winner": decision.winner,
-                 "phase_seconds": decision.bounds.get("phase_seconds"),
-                 "results": [{"name": r.name, "outcome": r.outcome, "compile_s": r.compile_seconds,
-                              "compile_wait_s": r.compile_wait_seconds,
-                              "score_us": None if r.score is None else r.score * 1e6}
-                             for r in decision.results],
-                 "timeline": sorted(timer.events, key=lambda e: e["start"])}
-        report["keys"].append(entry)
-        print(f"{text}: {wall:.2f} s winner {decision.winner} phases "
-              f"{json.dumps({k: round(v, 3) for k, v in (entry['phase_seconds'] or {}).items()})}", flush=True)
-        spans: dict[str, list] = {}
-        for e in entry["timeline"]:
-            spans.setdefault((e["name"], e["stage"] if e["stage"] == "compile" else "run"), []).append(e)
-        for (name, stage), events in spans.items():
-            print(f"   {stage:8s} {events[0]['start']:7.3f} -> {events[-1]['end']:7.3f} "
-                  f"({sum(e['end'] - e['start'] for e in events):6.3f} s, {len(events)} ev) {name}")
+    Probes.get = timed_get
+    return probe_seconds
 
-    report["serial_costs"] = {}
-    for text in filter(None, args.serial.split(",")):
-        dtype, m, n, k = parse_key(text)
-        costs = serial_costs(tuner, MatmulProblem(1, m, n, k, dtype, dtype, dtype))
-        report["serial_costs"][text] = costs
-        print(f"serial {text}: {json.dumps(costs)}", flush=True)
-    report["probe_seconds"] = probe_seconds
-    print("probes (s, compile included):", json.dumps({k: round(v, 3) for k, v in probe_seconds.items()}))
 
-    # compiles of the last key's plan: serial (profiled) against threads
+def timeline_of(tuner, timer, origin, text: str) -> dict:
+    """Tune one key (``dtype:MxNxK``), its decision and the timeline of its compiles and runs."""
+    from jax_autotune.problem import MatmulProblem
+    dtype, m, n, k = parse_key(text)
+    problem = MatmulProblem(1, m, n, k, dtype, dtype, dtype)
+    timer.events = []
+    origin[0] = time.perf_counter()
+    decision = tuner.select(problem)
+    wall = time.perf_counter() - origin[0]
+    entry = {"key": text, "wall_s": wall, "winner": decision.winner,
+             "phase_seconds": decision.bounds.get("phase_seconds"),
+             "results": [{"name": r.name, "outcome": r.outcome, "compile_s": r.compile_seconds,
+                          "compile_wait_s": r.compile_wait_seconds,
+                          "score_us": None if r.score is None else r.score * 1e6}
+                         for r in decision.results],
+             "timeline": sorted(timer.events, key=lambda e: e["start"])}
+    print(f"{text}: {wall:.2f} s winner {decision.winner} phases "
+          f"{json.dumps({k: round(v, 3) for k, v in (entry['phase_seconds'] or {}).items()})}", flush=True)
+    spans: dict[tuple, list] = {}
+    for e in entry["timeline"]:
+        spans.setdefault((e["name"], e["stage"] if e["stage"] == "compile" else "run"), []).append(e)
+    for (name, stage), events in spans.items():
+        print(f"   {stage:8s} {events[0]['start']:7.3f} -> {events[-1]['end']:7.3f} "
+              f"({sum(e['end'] - e['start'] for e in events):6.3f} s, {len(events)} ev) {name}")
+    return entry
+
+
+def compile_experiment(tuner, problem, out: str) -> dict:
+    """The compiles of ``problem``'s plan: serial (profiled into out/profile.txt) against threads."""
+    from jax_autotune.tuning.plan import make_plan
+    from jax_autotune.tuning.timing import random_operands
     plan = make_plan(tuner.candidate_set, problem.key(), tuner.device)
     candidates = [plan.baseline] + [c for r in plan.runnable for c in r.candidates]
     operands = random_operands(problem, tuner._jax_device(), seed=3)
@@ -193,14 +172,47 @@ def main() -> None:
     profile.disable()
     threaded = compile_all(candidates, problem, operands, len(candidates))
     serial_again = compile_all(candidates, problem, operands, 1)
-    report["compile_experiment"] = {"candidates": [c.name for c in candidates], "serial_s": serial,
-                                    "threaded_s": threaded, "serial_again_s": serial_again}
     print(f"compile {len(candidates)} candidates: serial {serial:.2f} s, threaded {threaded:.2f} s, "
           f"serial again {serial_again:.2f} s", flush=True)
-    with open(os.path.join(args.out, "profile.txt"), "w") as f:
+    with open(os.path.join(out, "profile.txt"), "w") as f:
         stats = pstats.Stats(profile, stream=f)
         stats.sort_stats("cumulative").print_stats(60)
         stats.sort_stats("tottime").print_stats(40)
+    return {"candidates": [c.name for c in candidates], "serial_s": serial,
+            "threaded_s": threaded, "serial_again_s": serial_again}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--keys", default="bf16:1024,bf16:768,f32:1025,bf16:16x8192x8192,bf16:4096")
+    parser.add_argument("--serial", default="", help="keys whose set-up steps are timed one by one")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="timeline_"))
+
+    import jax
+    from jax_autotune.problem import MatmulProblem
+    from jax_autotune.registry import tuner_for
+
+    probe_seconds = timed_probes()
+    t_import = time.perf_counter()
+    tuner = tuner_for(jax.default_backend())
+    origin = [0.0]
+    timer = TimelineTimer(tuner.timer, origin)
+    tuner.timer = timer
+    print(f"tuner built in {time.perf_counter() - t_import:.2f} s", flush=True)
+    keys = args.keys.split(",")
+    report = {"jax": jax.__version__, "keys": [timeline_of(tuner, timer, origin, text) for text in keys]}
+    report["serial_costs"] = {}
+    for text in filter(None, args.serial.split(",")):
+        dtype, m, n, k = parse_key(text)
+        report["serial_costs"][text] = serial_costs(tuner, MatmulProblem(1, m, n, k, dtype, dtype, dtype))
+        print(f"serial {text}: {json.dumps(report['serial_costs'][text])}", flush=True)
+    report["probe_seconds"] = probe_seconds
+    print("probes (s, compile included):", json.dumps({k: round(v, 3) for k, v in probe_seconds.items()}))
+    dtype, m, n, k = parse_key(keys[-1])
+    report["compile_experiment"] = compile_experiment(tuner, MatmulProblem(1, m, n, k, dtype, dtype, dtype), args.out)
     with open(os.path.join(args.out, "timeline.json"), "w") as f:
         json.dump(report, f, indent=1)
 

@@ -6,7 +6,7 @@ and ``warmup`` can collect it. Its lowering rule asks the platform's tuner for t
 decision (tuning lazily on a miss) and emits the winner's HLO with ``mlir.lower_fun``;
 when the jit spans several devices it emits a per-shard op instead (``sharding``), whose
 kernel is chosen for the per-shard key when XLA partitions the program. Under
-``jax.export`` it emits the fastest candidate jax.export takes (``tuning.export_choice``),
+``jax.export`` it emits the fastest candidate jax.export takes (``Tuner.emitted``),
 and for a platform with no device here (a multi-platform export) XLA's dot. vmap re-binds
 with a larger batch (a new key); jvp/grad are bilinear, so the backward matmuls are bound
 again with their own problems and transposed layouts, and tuned too.
@@ -43,7 +43,6 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import (ShardKernels, explicit_sharding, lowering_targets_many_devices,
                                    partitioned_matmul)
 from jax_autotune.registry import has_devices, tuner_for
-from jax_autotune.tuning.export_choice import emitted_candidate
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
     from jax._src import dispatch
@@ -173,7 +172,7 @@ def _lowering(platform: str):
                                        out_sharding=sharding)
             return _emit(ctx, inputs, kernel)
         tuner = tuner_for(platform)
-        candidate = emitted_candidate(tuner, problem, tuner.select(problem, key), for_export, target)
+        candidate = tuner.emitted(problem, tuner.select(problem, key), for_export, target)
         if candidate.fn is xla_dot:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         try:

@@ -16,8 +16,9 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters, export_choice, export_safety
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.decision import CandidateResult, Decision
-from jax_autotune.tuning.export_choice import emitted_candidate, ranked
+from jax_autotune.tuning.export_choice import ranked
 from jax_autotune.tuning.roofline import Peaks
+from jax_autotune.tuning import tuner as tuner_module
 from jax_autotune.tuning.tuner import Tuner
 
 PROBLEM = MatmulProblem(1, 16, 8, 12, "float32", "float32", "float32")
@@ -145,9 +146,9 @@ def test_jit_emits_the_winner_and_export_the_fastest_safe_candidate(store, tmp_p
     decision = decision_of(tuner)
     log = tmp_path / "decisions.jsonl"
     config.update("log_decisions", str(log))
-    assert emitted_candidate(tuner, PROBLEM, decision, False, "cpu").name == "host"
+    assert tuner.emitted(PROBLEM, decision, False, "cpu").name == "host"
     assert not log.exists()  # jit lowerings log nothing
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
     recorded = tuner.lookup(decision.key)
     assert recorded.winner == "host" and recorded.export_kernel == "mid"
     assert CALLBACK in recorded.export_reason and "fastest measured" in recorded.export_reason
@@ -162,7 +163,7 @@ def test_jit_emits_the_winner_and_export_the_fastest_safe_candidate(store, tmp_p
 def test_a_safe_winner_is_exported_as_is(store):
     tuner = make_tuner(store)
     decision = decision_of(tuner, winner="mid")
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
     assert tuner.lookup(decision.key).export_reason == ""
 
 
@@ -170,16 +171,16 @@ def test_the_opt_in_keeps_an_allowed_winner(store):
     tuner = make_tuner(store)
     decision = decision_of(tuner)
     with export_safety.allowing({CALLBACK}):
-        assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "host"
+        assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "host"
     assert "kept" in tuner.lookup(decision.key).export_reason
-    assert emitted_candidate(tuner, PROBLEM, tuner.select(PROBLEM), True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, tuner.select(PROBLEM), True, "cpu").name == "mid"
 
 
 def test_no_safe_measured_candidate_means_xla_dot(store):
     tuner = make_tuner(store)
     decision = decision_of(tuner, results=[CandidateResult("host", "ok", score=1.0),
                                            CandidateResult("mid", "runtime_error")])
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "xla_dot"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
     assert counters.stats()["tuned"] == 0  # something was measured: no new measurement
 
 
@@ -187,25 +188,25 @@ def test_a_decision_without_results_is_measured_at_export_in_mode_tune_only(stor
     tuner = make_tuner(store)
     decision = decision_of(tuner, results=[])
     config.update("mode", "cached")
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "xla_dot"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
     assert counters.stats()["tuned"] == 0
     config.update("mode", "tune")
     decision = tuner.select(PROBLEM)
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
     assert counters.stats()["tuned"] == 1
     recorded = tuner.lookup(decision.key)
     assert recorded.winner == "host" and not recorded.results  # the decision itself is kept
     assert "measured at export" in recorded.export_reason
     # the next export reuses the recorded kernel instead of measuring again
-    assert emitted_candidate(tuner, PROBLEM, recorded, True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, recorded, True, "cpu").name == "mid"
     assert counters.stats()["tuned"] == 1
 
 
 def test_a_failing_choice_never_fails_the_export(store, monkeypatch):
     tuner = make_tuner(store)
     decision = decision_of(tuner)
-    monkeypatch.setattr(export_choice, "allowed_targets", lambda: 1 / 0)
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "xla_dot"
+    monkeypatch.setattr(tuner_module, "allowed_targets", lambda: 1 / 0)
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
     assert "ZeroDivisionError" in tuner.lookup(decision.key).export_reason
 
 
@@ -215,7 +216,7 @@ def test_a_fallback_decision_is_logged_but_not_stored(store, tmp_path):
     config.update("log_decisions", str(tmp_path / "log.jsonl"))
     decision = tuner.select(PROBLEM)
     assert decision.source == "fallback"
-    assert emitted_candidate(tuner, PROBLEM, decision, True, "cpu").name == "xla_dot"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
     assert tuner.lookup(decision.key) is None
     assert json.loads((tmp_path / "log.jsonl").read_text())["export_kernel"] == "xla_dot"
 

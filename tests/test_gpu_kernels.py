@@ -229,6 +229,29 @@ def test_xla_dot_is_candidate_zero_and_names_are_unique():
         assert c.params and c.cost is not None
 
 
+def test_the_h200_set_keeps_its_checksum():
+    # The checksum hashes every candidate's name and parameters in order. Changing the set
+    # changes it, and every decision stored under the old one (tables, databases) is then
+    # tuned again: change this value only together with the set, on purpose.
+    assert gpu_candidate_set(H200).checksum() == "c7bf501ffdaa4380"
+
+
+def test_a_new_family_is_one_builder_appended_to_the_families(monkeypatch):
+    from jax_autotune.kernels.gpu import candidates
+    from jax_autotune.tuning.candidates import Candidate
+
+    def extra_family(builder, groups, device):
+        builder.add(Candidate("extra_xla_dot", xla_dot, params={"family": "extra"}),
+                    groups.triton, lambda key: 2)
+
+    before = gpu_candidate_set(H200)
+    monkeypatch.setattr(candidates, "FAMILIES", (*candidates.FAMILIES, extra_family))
+    after = gpu_candidate_set(H200)
+    assert after.names() == (*before.names(), "extra_xla_dot")
+    assert after.memberships[-1].group == "triton_gemm"
+    assert after.checksum() != before.checksum()
+
+
 @pytest.mark.parametrize("shape,dtype,group", [
     ((768, 768, 768), "bfloat16", "triton_gemm"),
     ((1025, 1025, 1025), "float32", "padded"),

@@ -267,7 +267,7 @@ def test_compile_primed_is_none_for_a_pair_not_primed_or_a_compile_that_fails(co
 def test_on_gpus_a_misaligned_keys_round_primes_and_a_split_k_round_does_not():
     from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
     from jax_autotune.tuning.plan import make_plan
-    from jax_autotune.tuning.tuner import _xla_round
+    from jax_autotune.tuning.bench import xla_round as _xla_round
 
     h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0), frozenset())
     cset = gpu_candidate_set(h200)

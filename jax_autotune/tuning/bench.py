@@ -34,26 +34,37 @@ more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal
     True
     >>> bench.winner(baseline="xla_dot")
     'native_gemm_avx2_6x16_t2'
+
+``benchmark_key`` is the whole pipeline of one key on one device, its rounds included:
+random operands, the exact reference, the probes' peaks and the roofline limit, XLA's dots
+primed on a GPU; the tuner turns its ``Outcome`` into the key's decision.
+
+    >>> outcome = benchmark_key(plan, problem, Setup(device, jax_device, timer, probes, rules))
+    >>> outcome.winner, outcome.limit
+    ('cublaslt_algo0', 3.1e-05)
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import math
 import statistics
 import time
 from typing import Any, Callable, Sequence
 
-
-from jax_autotune.tuning.candidates import Candidate
-from jax_autotune.tuning.correctness import check
-from jax_autotune.tuning.decision import CandidateResult
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
 from jax_autotune.tuning import xla_priming
-from jax_autotune.tuning.threads import carrying_x64
+from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.correctness import check, prepare_check, reference
+from jax_autotune.tuning.decision import CandidateResult
+from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
-from jax_autotune.tuning.timing import Measurement, Timer, checked_problem
+from jax_autotune.tuning.roofline import roofline_bounds
+from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
+from jax_autotune.tuning.threads import carrying_x64
+from jax_autotune.tuning.timing import Measurement, Timer, checked_problem, random_operands
 
 HOST_COMPILE_THREADS = 16  # a CPU round (at most a dozen candidates) compiles all at once
 _RESOURCE_MARKERS = ("resource_exhausted", "out of memory", "outofmemory", "memoryerror",
@@ -317,3 +328,103 @@ class KeyBenchmark:
         self.results[name] = CandidateResult(name=name, outcome=outcome, round=label,
                                              compile_seconds=self.compiles.seconds.get(name),
                                              compile_wait_seconds=self.compiles.waits.get(name), **fields)
+
+
+# ---------------------------------------------------------------- one key, end to end
+
+class PhaseClock:
+    """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.seconds = clock, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Where and how a key is benchmarked: the device, its timer and probes (anything with
+    ``peaks_for(problem)``), the rules, the clock of the budget and the bucketing level."""
+
+    device: DeviceInfo
+    jax_device: Any
+    timer: Timer
+    probes: Any
+    rules: TuningRules = DEFAULT_RULES
+    clock: Callable[[], float] = time.perf_counter
+    level: str = "balanced"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A key's benchmark: every planned candidate's result, the winner (None: nothing was
+    measured), why tuning ended early, and the roofline bounds with each phase's seconds."""
+
+    results: dict[str, CandidateResult]
+    winner: str | None
+    finish_reason: str
+    bounds: dict
+    limit: float | None
+
+
+def xla_round(plan) -> tuple[Candidate, ...]:
+    """What to prime for a key: its baseline and, where the first round's group says so
+    (``Group.primes_xla``), that round's candidates that run XLA's GEMM autotuner."""
+    first = plan.runnable[0] if plan.runnable else None
+    beside = first.candidates if first is not None and first.primes_xla else ()
+    return tuple(c for c in (plan.baseline, *beside) if c.xla_autotuned)
+
+
+def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: float = math.inf) -> Outcome:
+    """Run the plan's rounds for ``problem`` on ``setup``'s device until one round has a
+    valid candidate, the short-circuit or the budget (see the module docstring)."""
+    phases = PhaseClock()
+    with phases("operands"):
+        inputs = random_operands(problem, setup.jax_device)
+    compiles = CompileQueue(setup.timer, problem, inputs, KeyBenchmark.compile_threads(setup.timer, setup.rules))
+    side = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        peaks_future = None
+        if setup.timer.measures_device_time:
+            # device time is not disturbed by host work: XLA's dot compiles and the probes
+            # run while the reference is computed (with a host clock, the probes run alone)
+            if setup.device.platform == "gpu":
+                compiles.prime(xla_round(plan), setup.jax_device)
+            compiles.start(plan.baseline)
+            peaks_future = side.submit(carrying_x64(setup.probes.peaks_for), problem)
+        with phases("reference"):
+            ref = _reference(problem, inputs, setup)
+        with phases("probes"):  # the wait for them, when they ran beside the reference
+            peaks = peaks_future.result() if peaks_future else setup.probes.peaks_for(problem)
+        bounds = roofline_bounds(problem, peaks, setup.level, setup.rules)
+        bench = KeyBenchmark(problem, inputs, ref, setup.timer, limit=bounds.limit, rules=setup.rules,
+                             clock=setup.clock, budget_seconds=budget_seconds,
+                             platform=setup.device.platform, compiles=compiles)
+        with phases("rounds"):
+            for round_ in plan.runnable:
+                if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
+                    break
+    finally:
+        side.shutdown(wait=True)
+        compiles.close()
+    planned = {c.name for r in plan.runnable for c in r.candidates}
+    for name in sorted(planned - set(bench.results)):
+        bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
+    return Outcome(bench.results, bench.winner(baseline=plan.baseline.name), bench.finish_reason,
+                   {**bounds.to_json(), "phase_seconds": phases.seconds}, bounds.limit)
+
+
+def _reference(problem: MatmulProblem, inputs: tuple, setup: Setup):
+    """The exact reference of what the gate checks (the context, or its product when it
+    reduces), its comparison compiled ahead on the device."""
+    on_host = setup.device.platform == "cpu"
+    checked = checked_problem(problem)
+    ref = reference(checked, *inputs[:len(checked.input_specs())], **({} if on_host else {"host_max_macs": 0}))
+    prepare_check(checked, ref, setup.jax_device)
+    return ref

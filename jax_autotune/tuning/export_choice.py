@@ -1,27 +1,26 @@
-"""Internal: the candidate a lowering emits for a key's decision.
+"""Internal: which candidate an export emits for a key's decision, ranked from the decision alone.
 
-Under jit it is the decision's winner. Under ``jax.export`` it is the fastest candidate
-that jax.export takes (``tuning.export_safety``; targets the caller allows with
+Under jit a lowering emits the decision's winner. Under ``jax.export`` it emits the fastest
+candidate that jax.export takes (``tuning.export_safety``; targets the caller allows with
 ``export_safety.allowing`` count as taken), ranked by the decision's own results: the
 winner, then every other valid, unpruned candidate by its score. Only a decision that
-holds no measured result is measured now (in mode ``tune``; XLA's dot otherwise). The
-choice is recorded on the decision (``export_kernel``, ``export_reason``: in memory, the
-store and so in tune tables) and logged as a ``jax_autotune.export`` event.
+holds no measured result is measured now (the caller passes ``measure`` in mode ``tune``;
+XLA's dot otherwise). This module only ranks: ``Tuner.emitted`` asks it, records the
+choice on the decision (``export_kernel``, ``export_reason``) and logs it.
 
-    >>> decision = tuner.select(problem, key)
-    >>> emitted_candidate(tuner, problem, decision, for_export=True, platform="cpu").name
-    'xla_dot'
+    >>> choose(decision, verdict=lambda name: check(tuner.candidate(name), problem, "cpu"),
+    ...        allowed=frozenset(), baseline="xla_dot", measure=None)
+    ('xla_dot', 'native_gemm_avx2_6x16_t2 emits jax_autotune_gemm, which jax.export does not take; ...')
 """
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Callable
 
-import jax_autotune.config as config
-from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning.candidates import Candidate
-from jax_autotune.tuning.decision import Decision, log_decision
-from jax_autotune.tuning.export_safety import ExportSafety, allowed_targets
+from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.export_safety import ExportSafety
+
+Verdict = Callable[[str], "ExportSafety | None"]  # None: a name this build does not know
 
 
 def ranked(decision: Decision) -> list[str]:
@@ -31,38 +30,16 @@ def ranked(decision: Decision) -> list[str]:
     return [decision.winner, *(r.name for r in others)]
 
 
-def emitted_candidate(tuner, problem: MatmulProblem, decision: Decision, for_export: bool,
-                      platform: str) -> Candidate:
-    """The candidate to emit for ``problem`` (lowered for ``platform``) from ``tuner``'s
-    ``decision``: its winner, or under export the fastest candidate jax.export takes."""
-    if not for_export:
-        return tuner.candidate(decision.winner)
-    try:
-        name, reason = export_choice(tuner, problem, decision, platform)
-    except Exception as err:  # noqa: BLE001 - the user's export never fails because of the tuner
-        name = tuner.candidate_set.baseline.name
-        reason = f"export choice failed ({type(err).__name__}: {err}): XLA's dot"[:500]
-    _record(tuner, decision, dataclasses.replace(decision, export_kernel=name, export_reason=reason))
-    return tuner.candidate(name)
-
-
-def export_choice(tuner, problem: MatmulProblem, decision: Decision, platform: str) -> tuple[str, str]:
+def choose(decision: Decision, verdict: Verdict, allowed: frozenset[str], baseline: str,
+           measure: Callable[[], Decision] | None) -> tuple[str, str]:
     """(candidate name, reason) for an export of the decision's key; the reason is '' when
     the winner itself is emitted because jax.export takes it."""
-    extra = allowed_targets()
-
-    def safety(name: str) -> ExportSafety | None:
-        try:
-            return tuner.candidate(name).export_safety(problem, platform)
-        except KeyError:  # a name this build does not know
-            return None
-
     def taken(name: str) -> bool:
-        verdict = safety(name)
-        return verdict is not None and verdict.allowed(extra)
+        found = verdict(name)
+        return found is not None and found.allowed(allowed)
 
-    winner = safety(decision.winner)
-    if winner is not None and winner.allowed(extra):
+    winner = verdict(decision.winner)
+    if winner is not None and winner.allowed(allowed):
         if winner.safe:
             return decision.winner, ""
         return decision.winner, (f"{decision.winner} kept: the caller allows "
@@ -71,14 +48,12 @@ def export_choice(tuner, problem: MatmulProblem, decision: Decision, platform: s
     for name in ranked(decision)[1:]:
         if taken(name):
             return name, f"{why}; {name} is the fastest measured candidate jax.export takes"
-    baseline = tuner.candidate_set.baseline.name
     if not any(r.eligible for r in decision.results):
         recorded = decision.export_kernel
         if recorded and recorded != baseline and taken(recorded):
             return recorded, decision.export_reason  # measured for an earlier export
-        if config.get("mode") == "tune":
-            measurement = tuner.measure(problem, decision.key)
-            for name in ranked(measurement):
+        if measure is not None:
+            for name in ranked(measure()):
                 if taken(name):
                     return name, (f"{why}; {name} is the fastest candidate jax.export takes, "
                                   f"measured at export")
@@ -93,11 +68,4 @@ def _refusal(name: str, verdict: ExportSafety | None) -> str:
     return f"{name} emits {', '.join(sorted(verdict.unsafe))}, which jax.export does not take"
 
 
-def _record(tuner, decision: Decision, recorded: Decision) -> None:
-    """Keep the export choice on the decision (memory and store) and log it; a fallback
-    decision (never stored) is only logged."""
-    changed = (recorded.export_kernel, recorded.export_reason) != (decision.export_kernel,
-                                                                    decision.export_reason)
-    if changed and decision.source != "fallback":
-        tuner.install(recorded)
-    log_decision(recorded, config.get("log_decisions"), event="jax_autotune.export")
+__all__ = ["ranked", "choose"]

@@ -1,5 +1,10 @@
 """The tuner: a key's decision from memory, the store, or a fresh benchmark.
 
+``Tuner`` coordinates two parts: what is known per key (``tuning.decisions``: the memory
+table, the store, rejected entries) and the benchmark of one key (``tuning.bench``). It
+says what a miss means under each mode and who decides (``tuning.consensus``), and which
+candidate a lowering emits (``emitted``; under jax.export ranked by ``tuning.export_choice``).
+
 ``Tuner.select(problem, key)`` looks up, in order:
 
 1. the memory table (``memory_hits``);
@@ -9,7 +14,7 @@
    benchmarked now (``tuned``) by the one process that claims the key in the shared store
    or the jax.distributed job, adopted by the others; kept in memory and on disk, logged.
 
-A decision enters only if its winner can run the key here (``Tuner.unusable``): a stored
+A decision enters only if its winner can run the key here (``KnownDecisions.unusable``): a stored
 entry or an installed table entry whose winner is unknown to this build, or whose
 ``supports`` says no for this device and key, is rejected with one warning naming the
 key and the candidate; the key is then tuned again, or (``cached``, ``require``) runs
@@ -27,7 +32,6 @@ A tuning that measured nothing valid is a fallback, kept in memory only.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -38,56 +42,23 @@ from typing import Callable, Iterable
 
 import jax
 
-from jax_autotune.errors import KeyNotTunedError
 import jax_autotune.config as config
+from jax_autotune.errors import ConsensusWarning, KeyNotTunedError
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import counters, progress, xla_priming
-from jax_autotune.tuning.bench import CompileQueue, KeyBenchmark
+from jax_autotune.tuning import counters, export_choice, progress, xla_priming
+from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
-from jax_autotune.tuning.consensus import (ConsensusWarning, current_job, decide_in_job,
-                                           decide_on_host, job_key)
-from jax_autotune.tuning.correctness import prepare_check, reference
+from jax_autotune.tuning.consensus import current_job, decide_in_job, decide_on_host, job_key
 from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
+from jax_autotune.tuning.decisions import Installed, KnownDecisions, stored_decision  # noqa: F401
 from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.export_safety import allowed_targets
 from jax_autotune.tuning.plan import DEMOTED, make_plan
 from jax_autotune.tuning.probes import Probes
-from jax_autotune.tuning.roofline import roofline_bounds
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
-from jax_autotune.tuning.namespaces import decision_namespace
-from jax_autotune.tuning.store import StoreWarning, TuneStore, open_store
-from jax_autotune.tuning.threads import carrying_x64
-from jax_autotune.tuning.timing import Timer, checked_problem, random_operands, timer_for
-from jax_autotune.tuning.validation import TuneTableError, parse_entry
-
-class PhaseClock:
-    """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
-
-    def __init__(self, clock: Callable[[], float]):
-        self.clock, self.seconds = clock, {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = self.clock()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
-
-
-def stored_decision(store: TuneStore, namespace: str, key: str, checksum: str,
-                    value: dict) -> Decision | None:
-    """A store row's value as a Decision when it meets the rules of a tune-table entry
-    (``validation.parse_entry``); None, with the store's one bad-row warning, otherwise.
-
-        >>> stored_decision(store, entry.namespace, entry.key, entry.checksum, entry.value)
-    """
-    try:
-        return parse_entry(value, "", "value")
-    except TuneTableError as err:
-        store.skip_row(namespace, key, checksum, str(err))
-        return None
-
+from jax_autotune.tuning.store import TuneStore, open_store
+from jax_autotune.tuning.timing import Timer, timer_for
 
 _recorders: list[list] = []
 _recorders_lock = threading.Lock()
@@ -121,132 +92,84 @@ def _record(decision: Decision) -> Decision:
     return decision
 
 
-@dataclasses.dataclass(frozen=True)
-class Installed:
-    """What ``Tuner.install_many`` did: decisions installed, why others were rejected, and
-    whether the store took them (False: they live in memory only)."""
-
-    installed: int
-    rejected: tuple[str, ...]
-    persisted: bool
-
-
-def _instead(mode: str | None) -> str:
-    """What a rejected decision is replaced with under ``mode``."""
-    return "the key is tuned again" if mode == "tune" else "XLA's dot runs it"
-
-
 class Tuner:
-    """Decisions for one device: memory table, store, plan, benchmark."""
+    """Decisions for one device: what is known (``known``), what a miss means, the benchmark."""
 
     def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, jax_device=None,
                  timer: Timer | None = None, store: TuneStore | None = None,
                  rules: TuningRules | None = None, clock: Callable[[], float] = time.perf_counter,
                  probes: Probes | None = None, native=None):
-        self.device = device
-        self.candidate_set = candidate_set
-        self.jax_device = jax_device
+        self.device, self.candidate_set, self.jax_device = device, candidate_set, jax_device
         self.timer = timer or timer_for(device.platform)
-        self.store = store if store is not None else open_store()
+        self.known = KnownDecisions(device, candidate_set, store if store is not None else open_store())
+        self.namespace, self.checksum = self.known.namespace, self.known.checksum
         self.rules = rules or DEFAULT_RULES
         self.clock = clock
         self.probes = probes or Probes(
             device, jax_device, self.timer, self.store, native, baseline=candidate_set.baseline,
             quick=tuple(c for c in candidate_set.candidates if c.quick_compile))
-        self.namespace = decision_namespace(device.fingerprint)
-        self.checksum = candidate_set.checksum()
-        self._memory: dict[MatmulKey, Decision] = {}
-        self._pending: dict[MatmulKey, threading.Event] = {}
-        self._rejected: dict[MatmulKey, str] = {}  # keys whose table or store entry was rejected: why
-        self._lock = threading.Lock()
 
-    # ---------------------------------------------------------------- lookups
+    # ---------------------------------------------------------------- what is known
+    @property
+    def store(self) -> TuneStore:
+        return self.known.store
+
     def candidate(self, name: str) -> Candidate:
         return self.candidate_set.by_name(name)
 
     def lookup(self, key: MatmulKey) -> Decision | None:
         """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
-        with self._lock:
-            found = self._memory.get(key)
-        return found if found is not None else self._from_store(key)[0]
+        return self.known.lookup(key)
 
     def unusable(self, decision: Decision, key: MatmulKey | None = None) -> str:
-        """Why ``decision``'s winner cannot run ``key`` (default: the decision's) here, or
-        '' when it can: the winner is not in this candidate set, or its ``supports`` says
-        no for this device and key (a hand-edited row, another machine's table).
+        """Why the decision's winner cannot run ``key`` here, or '' (``KnownDecisions.unusable``)."""
+        return self.known.unusable(decision, key)
 
-            >>> tuner.unusable(dataclasses.replace(decision, winner="native_small_avx2_t1"))
-            "winner 'native_small_avx2_t1' cannot run key [m=512 ...] on cpu-...-avx2"
+    def install(self, decision: Decision, persist: bool = True) -> bool:
+        """``install_many([decision])``; False if the decision was rejected."""
+        return not self.install_many([decision], persist=persist).rejected
+
+    def install_many(self, decisions: Iterable[Decision], persist: bool = True) -> Installed:
+        """Decisions (a tune table's) into memory and (``persist``) the store, in one
+        transaction; those whose winner cannot run their key here are rejected.
+
+            >>> tuner.install_many(table_entries)
+            Installed(installed=120, rejected=(), persisted=True)
         """
-        key = key or decision.key
-        try:
-            candidate = self.candidate(decision.winner)
-        except KeyError:
-            return f"winner {decision.winner!r} is not a candidate of this build (key [{key.canonical()}])"
-        if candidate.runs(self.device, key):
-            return ""
-        return f"winner {decision.winner!r} cannot run key [{key.canonical()}] on {self.device.fingerprint}"
+        return self.known.install_many(decisions, persist)
 
-    def _from_store(self, key: MatmulKey, mode: str | None = None) -> tuple[Decision | None, str]:
-        """(the stored decision, '') or (None, why the stored entry was rejected: '' for a
-        plain miss). A rejected entry warns once per key."""
-        data = self.store.get(self.namespace, key.canonical(), self.checksum)
-        decision = None if data is None else self._stored(key.canonical(), data)
-        if decision is None:  # missing, or a damaged value: a miss, re-tuned
-            return None, ""
-        reason = self.unusable(decision, key)
-        if reason:
-            if key not in self._rejected:
-                self._rejected[key] = reason
-                warnings.warn(f"jax_autotune: ignoring the stored decision of {self.store.path}: "
-                              f"{reason}; {_instead(mode or config.get('mode'))}", StoreWarning,
-                              stacklevel=4)
-            return None, reason
-        return decision.with_source("store"), ""
+    def memory_decisions(self) -> list[Decision]:
+        return self.known.memory_decisions()
 
-    def _usable(self, data: dict, key: MatmulKey) -> bool:
-        """Whether a stored value is a decision this build can run for ``key`` (a stored
-        value that is not is tuned again and replaced)."""
-        decision = self._stored(key.canonical(), data)
-        return decision is not None and not self.unusable(decision, key)
+    def decisions(self) -> list[Decision]:
+        """Every decision this tuner knows: memory, then the store's for this device."""
+        return self.known.decisions()
 
-    def _stored(self, key_string: str, data: dict) -> Decision | None:
-        return stored_decision(self.store, self.namespace, key_string, self.checksum, data)
+    def use_store(self, store: TuneStore) -> None:
+        """Switch to another store (decisions and probes are read from and written there)."""
+        self.known.use_store(store)
+        self.probes.store = store
 
+    def forget(self) -> None:
+        """Drop the memory table and the rejected keys (the store is untouched)."""
+        self.known.forget()
+
+    # ---------------------------------------------------------------- deciding
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
                mode: str | None = None) -> Decision:
+        """The key's decision: memory, the store, or by ``mode`` (see the module docstring)."""
         key = key or problem.key(config.get("level"))
         mode = mode or config.get("mode")
         if mode == "off":
             return self._fallback(key, problem, "mode off")
-        while True:
-            with self._lock:
-                if key in self._memory:
-                    counters.bump("memory_hits")
-                    return _record(self._memory[key].with_source("memory"))
-                pending = self._pending.get(key)
-                if pending is None:
-                    event = self._pending[key] = threading.Event()
-                    break
-            pending.wait()  # another thread is deciding this key
-        try:
-            decision, remember = self._decide(key, problem, mode)
-            if remember:
-                with self._lock:
-                    self._memory[key] = decision
-            return _record(decision)
-        finally:
-            with self._lock:
-                self._pending.pop(key, None)
-            event.set()
+        return _record(self.known.known_or_decided(key, lambda: self._decide(key, problem, mode)))
 
     def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> tuple[Decision, bool]:
         """A key missing from memory: the store's decision, or one made now, once per
         host (claims in the store) or per job (``tuning.consensus``); and whether to keep
         it in memory (not XLA's dot standing in under cached or require: a table loaded
         later serves the key)."""
-        stored, rejected = self._from_store(key, mode)
-        rejected = rejected or self._rejected.get(key, "")
+        stored, rejected = self.known.stored(key, mode)
         job = current_job()
         if job is None and stored is not None:
             counters.bump("store_hits")
@@ -258,30 +181,14 @@ class Tuner:
             raise KeyNotTunedError(_require_message(key, problem))
         if job is None and mode == "cached":
             return self._fallback(key, problem, "mode cached: key not in the table"), False
-        wait = self.rules.peer_wait(self._budget())
         fallback = functools.partial(self._fallback, key, problem)
-        tune = functools.partial(self._tune, key, problem)
-        usable = functools.partial(self._usable, key=key)
         if job is None:
-            decision, how = decide_on_host(self.store, self.namespace, key.canonical(), self.checksum,
-                                           tune, fallback, self.rules.claim_lease_seconds, wait, usable=usable)
+            decision, how = decide_on_host(
+                self.store, self.namespace, key.canonical(), self.checksum, functools.partial(self._tune, key, problem),
+                fallback, self.rules.claim_lease_seconds, self.rules.peer_wait(self._budget()),
+                usable=functools.partial(self.known.usable, key=key))
         else:
-            propose = (lambda: stored) if stored is not None else (
-                (lambda: fallback("mode cached: key not in the table")) if mode == "cached" else tune)
-            try:
-                decision, how = decide_in_job(job, job_key(self.device.platform, self.checksum, key.canonical()),
-                                              propose, fallback, wait)
-            except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
-                warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
-                              f"{str(err)[:200]}); XLA's dot for this key in this process",
-                              ConsensusWarning, stacklevel=3)
-                decision, how = fallback("the job's key-value store failed"), "fallback"
-            if how == "proposed" and stored is not None:
-                how = "stored"
-            if stored is None and decision.source in ("tuned", "adopted"):
-                self.store.put_if_absent(self.namespace, key.canonical(), self.checksum,
-                                         dataclasses.replace(decision, device=self.device.fingerprint).to_json(),
-                                         keep=usable)
+            decision, how = self._decide_in_job(job, key, problem, stored, mode)
         if how == "stored":
             counters.bump("store_hits")
             return decision.with_source("store"), True
@@ -289,6 +196,28 @@ class Tuner:
             decision = dataclasses.replace(decision, source="adopted", device=self.device.fingerprint)
         log_decision(decision, config.get("log_decisions"))
         return decision, True
+
+    def _decide_in_job(self, job, key: MatmulKey, problem: MatmulProblem, stored: Decision | None,
+                       mode: str) -> tuple[Decision, str]:
+        """One decision per key in a jax.distributed job: proposed by the process that
+        claims the key (its stored one, else tuned now), adopted by the others."""
+        fallback = functools.partial(self._fallback, key, problem)
+        propose = (lambda: stored) if stored is not None else (
+            (lambda: fallback("mode cached: key not in the table")) if mode == "cached"
+            else functools.partial(self._tune, key, problem))
+        try:
+            decision, how = decide_in_job(job, job_key(self.device.platform, self.checksum, key.canonical()),
+                                          propose, fallback, self.rules.peer_wait(self._budget()))
+        except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
+            warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
+                          f"{str(err)[:200]}); XLA's dot for this key in this process",
+                          ConsensusWarning, stacklevel=4)
+            return fallback("the job's key-value store failed"), "fallback"
+        if how == "proposed" and stored is not None:
+            how = "stored"
+        if stored is None and decision.source in ("tuned", "adopted"):
+            self.known.keep_adopted(key, decision)
+        return decision, how
 
     def measure(self, problem: MatmulProblem, key: MatmulKey | None = None) -> Decision:
         """Benchmark the key now and return the decision; nothing is stored or replaced
@@ -298,61 +227,50 @@ class Tuner:
         """
         return self._tune(key or problem.key(config.get("level")), problem)
 
-    def install(self, decision: Decision, persist: bool = True) -> bool:
-        """``install_many([decision])``; False if the decision was rejected."""
-        return not self.install_many([decision], persist=persist).rejected
+    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]]) -> int:
+        """On a GPU, autotune in one compile the XLA dots of every key of ``work`` that
+        will be tuned (``tuning.xla_priming``): their tunings then take XLA's kept
+        choices. How many XLA-based candidates it primed.
 
-    def install_many(self, decisions: Iterable[Decision], persist: bool = True) -> Installed:
-        """Put decisions (e.g. a tune table's) into memory and (``persist``) the store, all
-        in one transaction. A decision whose winner cannot run its key here is rejected:
-        ``Installed.rejected`` says why, naming the key and the candidate.
-
-            >>> tuner.install_many(table_entries)
-            Installed(installed=120, rejected=(), persisted=True)
+            >>> tuner.prime([(problem.key(), problem) for problem in problems])
+            14
         """
-        accepted, rejected = [], {}
-        for decision in decisions:
-            reason = self.unusable(decision)
-            if reason:
-                rejected[decision.key] = reason
-                continue
-            accepted.append(dataclasses.replace(decision, checksum=self.checksum,
-                                                device=self.device.fingerprint))
-        with self._lock:
-            self._rejected.update(rejected)
-            for decision in accepted:
-                self._memory[decision.key] = decision
-                self._rejected.pop(decision.key, None)
-        persisted = not persist or not accepted or self.store.put_many(
-            (self.namespace, d.key.canonical(), self.checksum, d.to_json()) for d in accepted)
-        return Installed(len(accepted), tuple(rejected.values()), persisted)
+        if self.device.platform != "gpu" or config.get("mode") != "tune":
+            return 0
+        pairs = [(problem, candidate) for key, problem in work if self.lookup(key) is None
+                 for candidate in xla_round(make_plan(self.candidate_set, key, self.device))]
+        return xla_priming.prime(pairs, self._jax_device())
 
-    def memory_decisions(self) -> list[Decision]:
-        """The decisions this tuner holds in memory (tuned, installed or read this process)."""
-        with self._lock:
-            return list(self._memory.values())
+    # ---------------------------------------------------------------- what a lowering emits
+    def emitted(self, problem: MatmulProblem, decision: Decision, for_export: bool,
+                platform: str) -> Candidate:
+        """The candidate a lowering for ``platform`` emits for ``decision``: its winner, or
+        under jax.export the fastest candidate jax.export takes (``tuning.export_choice``),
+        the choice kept on the decision and logged.
 
-    def decisions(self) -> list[Decision]:
-        """Every decision this tuner knows: memory, then the store's for this device."""
-        known = {d.key: d for d in self.memory_decisions()}
-        for entry in self.store.entries(self.namespace):
-            if entry.checksum != self.checksum:
-                continue
-            decision = self._stored(entry.key, entry.value)
-            if decision is not None:
-                known.setdefault(decision.key, decision.with_source("store"))
-        return list(known.values())
+            >>> tuner.emitted(problem, tuner.select(problem), for_export=True, platform="cpu").name
+            'xla_dot'
+        """
+        if not for_export:
+            return self.candidate(decision.winner)
+        baseline = self.candidate_set.baseline.name
+        try:
+            measure = functools.partial(self.measure, problem, decision.key) if config.get("mode") == "tune" else None
+            name, reason = export_choice.choose(decision, functools.partial(self._export_safety, problem, platform),
+                                                allowed_targets(), baseline, measure)
+        except Exception as err:  # noqa: BLE001 - the user's export never fails because of the tuner
+            name, reason = baseline, f"export choice failed ({type(err).__name__}: {err}): XLA's dot"[:500]
+        recorded = dataclasses.replace(decision, export_kernel=name, export_reason=reason)
+        if (name, reason) != (decision.export_kernel, decision.export_reason) and decision.source != "fallback":
+            self.install(recorded)  # a fallback decision (never stored) is only logged
+        log_decision(recorded, config.get("log_decisions"), event="jax_autotune.export")
+        return self.candidate(name)
 
-    def use_store(self, store: TuneStore) -> None:
-        """Switch to another store (decisions and probes are read from and written there)."""
-        old, self.store, self.probes.store = self.store, store, store
-        old.close()
-
-    def forget(self) -> None:
-        """Drop the memory table and the rejected keys (the store is untouched)."""
-        with self._lock:
-            self._memory.clear()
-            self._rejected.clear()
+    def _export_safety(self, problem: MatmulProblem, platform: str, name: str):
+        try:
+            return self.candidate(name).export_safety(problem, platform)
+        except KeyError:  # a name this build does not know
+            return None
 
     # ---------------------------------------------------------------- tuning
     def _fallback(self, key: MatmulKey, problem: MatmulProblem, reason: str) -> Decision:
@@ -376,9 +294,11 @@ class Tuner:
                             reason=plan.reason or "no other candidate can run this key", **fields)
         budget = self._budget()
         counters.bump("tuned")
+        setup = Setup(self.device, self._jax_device(), self.timer, self.probes, self.rules, self.clock,
+                      config.get("level"))
         try:
             with jax.transfer_guard("allow"):
-                return self._benchmark(plan, problem, started, fields, budget, unsupported)
+                outcome = benchmark_key(plan, problem, setup, budget)
         except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
             counters.bump("fallbacks")
             return Decision(**{**fields, "source": "fallback"}, winner=plan.baseline.name,
@@ -386,88 +306,23 @@ class Tuner:
                             reason=f"tuning failed: {type(err).__name__}: {err}"[:500])
         finally:
             counters.bump("tuning_seconds", self.clock() - started)
+        details = dict(results=tuple({**outcome.results, **unsupported}.values()), bounds=outcome.bounds,
+                       limit=outcome.limit, tuning_seconds=self.clock() - started)
+        if outcome.winner is None:  # nothing was measured: not a decision to keep (the next process re-tunes)
+            counters.bump("fallbacks")
+            why = f" ({outcome.finish_reason})" if outcome.finish_reason else ""
+            return Decision(winner=plan.baseline.name, reason=f"no candidate produced a valid timing{why}",
+                            **details, **{**fields, "source": "fallback"})
+        return Decision(winner=outcome.winner, **details, **fields)
 
     def _budget(self) -> float:
         """Seconds a key's tuning may take: the rules', else the setting (a bad one raises)."""
         return self.rules.budget_seconds or config.get("budget_seconds")
 
-    def _benchmark(self, plan, problem: MatmulProblem, started: float, fields: dict,
-                   budget: float, unsupported: dict[str, CandidateResult]) -> Decision:
-        rules = self.rules
-        phases = PhaseClock(time.perf_counter)
-        with phases("operands"):
-            inputs = random_operands(problem, self._jax_device())
-        compiles = CompileQueue(self.timer, problem, inputs, KeyBenchmark.compile_threads(self.timer, rules))
-        side = concurrent.futures.ThreadPoolExecutor(1)
-        try:
-            peaks_future = None
-            if self.timer.measures_device_time:
-                # device time is not disturbed by host work: XLA's dot compiles and the
-                # probes run while the reference is computed (with a host clock, the probes
-                # must run alone)
-                if self.device.platform == "gpu":
-                    compiles.prime(_xla_round(plan), self._jax_device())
-                compiles.start(plan.baseline)
-                peaks_future = side.submit(carrying_x64(self.probes.peaks_for), problem)
-            with phases("reference"):
-                on_host = self.device.platform == "cpu"
-                checked = checked_problem(problem)  # the context, or its product when it reduces
-                ref = reference(checked, *inputs[:len(checked.input_specs())],
-                                **({} if on_host else {"host_max_macs": 0}))
-                prepare_check(checked, ref, self._jax_device())
-            with phases("probes"):  # the wait for them, when they ran beside the reference
-                peaks = peaks_future.result() if peaks_future else self.probes.peaks_for(problem)
-            bounds = roofline_bounds(problem, peaks, config.get("level"), rules)
-            bench = KeyBenchmark(problem, inputs, ref, self.timer, limit=bounds.limit, rules=rules,
-                                 clock=self.clock, budget_seconds=budget, platform=self.device.platform,
-                                 compiles=compiles)
-            with phases("rounds"):
-                for round_ in plan.runnable:
-                    if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
-                        break
-        finally:
-            side.shutdown(wait=True)
-            compiles.close()
-        planned = {c.name for r in plan.runnable for c in r.candidates}
-        for name in sorted(planned - set(bench.results)):
-            bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
-        results = tuple({**bench.results, **unsupported}.values())
-        details = dict(results=results, bounds={**bounds.to_json(), "phase_seconds": phases.seconds},
-                       limit=bounds.limit, tuning_seconds=self.clock() - started)
-        winner = bench.winner(baseline=plan.baseline.name)
-        if winner is None:  # nothing was measured: not a decision to keep (the next process re-tunes)
-            counters.bump("fallbacks")
-            reason = f"no candidate produced a valid timing{f' ({bench.finish_reason})' if bench.finish_reason else ''}"
-            return Decision(winner=plan.baseline.name, reason=reason, **details,
-                            **{**fields, "source": "fallback"})
-        return Decision(winner=winner, **details, **fields)
-
-    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]]) -> int:
-        """On a GPU, autotune in one compile the XLA dots of every key of ``work`` that
-        will be tuned (``tuning.xla_priming``): their tunings then take XLA's kept
-        choices. How many XLA-based candidates it primed.
-
-            >>> tuner.prime([(problem.key(), problem) for problem in problems])
-            14
-        """
-        if self.device.platform != "gpu" or config.get("mode") != "tune":
-            return 0
-        pairs = [(problem, candidate) for key, problem in work if self.lookup(key) is None
-                 for candidate in _xla_round(make_plan(self.candidate_set, key, self.device))]
-        return xla_priming.prime(pairs, self._jax_device())
-
     def _jax_device(self):
         if self.jax_device is None:
             self.jax_device = jax.local_devices(backend=self.device.platform)[0]
         return self.jax_device
-
-
-def _xla_round(plan) -> tuple[Candidate, ...]:
-    """What to prime for a key: its baseline and, where the first round's group says so
-    (``Group.primes_xla``), that round's candidates that run XLA's GEMM autotuner."""
-    first = plan.runnable[0] if plan.runnable else None
-    beside = first.candidates if first is not None and first.primes_xla else ()
-    return tuple(c for c in (plan.baseline, *beside) if c.xla_autotuned)
 
 
 def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:

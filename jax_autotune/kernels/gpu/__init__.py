@@ -1,5 +1,9 @@
 """GPU kernels for the tuner: Pallas Triton and Mosaic GPU (Hopper) matmul families.
 
+``candidates`` builds the set, one builder per family (``FAMILIES``), from the configs
+of ``configs``, the key predicates and supports rules of ``predicates`` and the cost
+model of ``cost``.
+
     >>> from jax_autotune.kernels.gpu import gpu_candidate_set
     >>> candidate_set = gpu_candidate_set(device_info)   # XLA's dot first, then kernels
 """

@@ -6,11 +6,25 @@
     >>> candidate_set.baseline.name
     'xla_dot'
 
+The set is XLA's dot, the groups below (``declare_groups``), then one builder per family,
+in the order of ``FAMILIES``: ``family(builder, groups, device)`` adds that family's
+candidates (most of them one per config of ``kernels.gpu.configs``) with their groups and
+in-group priorities. A new family is one such function and one line at the end of
+``FAMILIES`` (the set's checksum hashes every name and its parameters in order: a changed
+set re-tunes the decisions stored for the old one):
+
+    def my_family(builder, groups, device):
+        for config in MY_CONFIGS:
+            builder.add(Candidate(f"my_gemm_{config.name}", _kernel(my_gemm, config),
+                                  params=_params(config, "my_gemm"), supports=my_supports,
+                                  cost=functools.partial(my_cost, config)),
+                        groups.triton, _top)
+
 A key is tuned with ONE round in practice: XLA's dot joins every round and is always
 valid, so the first group whose priority is >= 0 decides, and only the candidates of
-its top in-group tier run (1-5 of them, next to XLA's dot). The predicates below are on
-the key's bucketed sizes; "narrow" is min(m, n); "half" is bf16/f16, "tf32" is f32 at
-Precision.DEFAULT.
+its top in-group tier run (1-5 of them, next to XLA's dot). The predicates
+(``kernels.gpu.predicates``) are on the key's bucketed sizes; "narrow" is min(m, n);
+"half" is bf16/f16, "tf32" is f32 at Precision.DEFAULT.
 
 | group        | group priority                                              | top tier (in-group 2; lower tiers are 1)       |
 |--------------|-------------------------------------------------------------|------------------------------------------------|
@@ -36,7 +50,8 @@ Precision.DEFAULT.
 cuBLASLt (``cublaslt_algo0..2``: the first three algorithms of its heuristic, called
 through an FFI custom call) joins every group's top tier, like XLA's dot joins every
 round: it compiles in milliseconds, is measured right after XLA's dot, and sets the bar
-that the cost model skips hopeless Pallas candidates against (``rules.cost_skip_ratio``).
+that the cost model (``kernels.gpu.cost``) skips hopeless Pallas candidates against
+(``rules.cost_skip_ratio``).
 
 A key with an epilogue (``MatmulKey.epilogue``) runs every candidate with the epilogue
 after it as XLA ops (XLA fuses it into its own GEMM, a custom call's runs as one more
@@ -54,302 +69,37 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
-import numpy as np
-
-from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
+from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder, Group
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.kernels.gpu import cublaslt, epilogues, mosaic
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
-from jax_autotune.kernels.gpu.packed import packed_gemm, packing_bytes
-from jax_autotune.kernels.gpu.padded import padded, padded_problem
-from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv, round_up
-from jax_autotune.kernels.gpu.triton import (
-    GemmConfig, VectorConfig, gemm, shared_memory_bytes, split_k_extent, tile_count,
-    vector_matmul,
+from jax_autotune.kernels.gpu import cublaslt, epilogues
+from jax_autotune.kernels.gpu.configs import (
+    CUBLASLT_ALGORITHMS, F32_PACKED_PROFILES, GEMM_PROFILES, MOSAIC_CONFIGS, PADDED_BARRIER_ALIGNS,
+    PADDED_CUBLASLT_ALIGNS, PADDED_PACKED_CONFIGS, PADDED_TOP_ALIGN, PADDED_XLA_ALIGN, SKINNY_NARROW,
+    SKINNY_SHAPES, SPLIT_K_CONFIGS, VECTOR_CONFIGS, skinny_config,
 )
-from jax_autotune.key import Kind, Layout, MatmulKey, Precision, Scale
+from jax_autotune.kernels.gpu.cost import (
+    gemm_cost, mosaic_cost, packed_cost, padded_xla_cost, vector_cost, xla_cost,
+)
+from jax_autotune.kernels.gpu.mosaic import mosaic_matmul
+from jax_autotune.kernels.gpu.packed import packed_gemm
+from jax_autotune.kernels.gpu.padded import padded
+from jax_autotune.kernels.gpu.predicates import (
+    applying_epilogue, cublaslt_epilogue_supports, cublaslt_supports, dtype_class, float_supports,
+    gemm_supports, is_misaligned, is_split_k_shape, is_vector, mosaic_shape, mosaic_supports,
+    narrow_block, narrow_side, size_class, tf32_key, unless_applied, vector_supports,
+)
+from jax_autotune.kernels.gpu.triton import GemmConfig, gemm, vector_matmul
+from jax_autotune.key import Kind, MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
 from jax_autotune.kernels.xla import XLA_DOT, xla_dot
 
 TOP, LOWER, SKIP = 2, 1, -1  # in-group tiers: the round, the tier tried if it all fails, none
-HALF = ("bfloat16", "float16")
-FLOAT = HALF + ("float32",)
 
-# rough H200 figures for the cost model, which only orders a round (the SM count comes
-# from the device)
-_PEAK_FLOPS = {"half": 790e12, "tf32": 400e12, "fp32": 50e12}
-_BANDWIDTH = 4.3e12
-_LAUNCH_S = 3e-6
-# the fraction of those peaks XLA's and cuBLAS's GEMMs reach on large problems, and the
-# Triton kernels' (the cost model also skips candidates estimated to lose, so
-# a library GEMM must not be estimated slower than it runs)
-_LIBRARY_EFFICIENCY = 0.95
-_KERNEL_EFFICIENCY = 0.7
 
-
-# ---------------------------------------------------------------- the configs
-
-def _g(bm, bn, bk, w, s, sk=1, g=8) -> GemmConfig:
-    return GemmConfig(block_m=bm, block_n=bn, block_k=bk, group_m=g, num_warps=w,
-                      num_stages=s, split_k=sk)
-
-
-# triton_gemm: profile -> configs; profile = (dtype class, size class), pruned by the H200
-# kernel probes (benchmarks/results/gpu_kernels_2026-11-29.md). Half precision runs the
-# tiled GEMM on the operands as stored.
-GEMM_PROFILES: dict[tuple[str, str], tuple[GemmConfig, ...]] = {
-    ("half", "medium"): (_g(64, 128, 64, 4, 4), _g(64, 64, 64, 4, 4), _g(128, 64, 64, 4, 4),
-                         _g(128, 128, 64, 8, 3)),
-    ("half", "small_k"): (_g(128, 128, 64, 8, 3), _g(128, 256, 64, 8, 3), _g(256, 128, 64, 8, 3),
-                          _g(128, 128, 128, 8, 2)),
-    ("half", "large"): (_g(128, 256, 64, 8, 3), _g(128, 128, 64, 8, 3), _g(256, 128, 64, 8, 3)),
-}
-
-# f32 at DEFAULT (TF32) runs the GEMM on operands packed K-major (``gpu.packed``): wgmma
-# reads 32-bit operands only K-major, and Triton does not pipeline a row-major rhs. It
-# still trails XLA's cuBLAS, so one or two configs per profile; f32 HIGH/HIGHEST
-# (Triton's ieee dot, on the CUDA cores) lost to XLA everywhere and gets no Triton round
-# (benchmarks/results/gpu_kernels_2026-11-29-perf-pass.md).
-F32_PACKED_PROFILES: dict[str, tuple[GemmConfig, ...]] = {
-    "medium": (_g(64, 64, 64, 4, 3), _g(64, 64, 32, 4, 4)),
-    "small_k": (_g(128, 128, 32, 4, 3),),
-    "large": (_g(128, 128, 32, 4, 3),),
-}
-
-# split_k: half precision only (an f32 rhs as stored is not pipelined, see above); next
-# to them XLA's dot of the transposed problem, C^T = B^T A^T, for every dtype: cuBLAS
-# then picks another kernel, which won at f32 128x8192x8192.
-SPLIT_K_CONFIGS = (_g(128, 128, 64, 8, 4, sk=2), _g(128, 64, 64, 4, 3, sk=2),
-                   _g(64, 64, 64, 4, 3, sk=4))
-
-# skinny: narrow block on the narrow side; (wide block, block_k, stages, split_k)
-_SKINNY_SHAPES = ((64, 128, 4, 1), (64, 128, 4, 4), (128, 64, 4, 2), (64, 256, 3, 1))
-SKINNY_NARROW = (16, 32, 64)
-
-
-def skinny_config(side: str, narrow: int, wide: int, bk: int, stages: int, sk: int) -> GemmConfig:
-    bm, bn = (narrow, wide) if side == "m" else (wide, narrow)
-    return _g(bm, bn, bk, 4, stages, sk)
-
-
-# vector kernels: narrow output blocks with long k steps (wide blocks starve the SMs of
-# work at m == 1); XLA's dot is at the memory floor there anyway
-VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
-
-MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
-                  MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
-
-# cuBLASLt: this many of its heuristic's algorithms per problem (rank 0 is its own pick)
-CUBLASLT_ALGORITHMS = 3
-
-# padded: XLA's dot on operands zero-padded to multiples of 8, and (half precision only)
-# the packed Triton GEMM: k padded to block_k, n to 16 bytes, the output stored straight
-# into the unpadded result (no slice copy). Padding all of m, n, k to 64 was never
-# better than to 8. The barrier variants pad only the misaligned row strides and keep
-# XLA from fusing the pads into its GEMM, so cuBLAS runs on aligned operands (Inductor's
-# lever on such shapes); an aligned n then needs no slice of the output. The plain pad
-# to 8 lost to a barrier variant on every misaligned shape of the 2026-12-01 GPU suite,
-# so it is only a lower tier now, as are the pads to 8 of the others (the pad to 64 was
-# within 2% of it or ahead, and each XLA variant costs a compile with XLA's autotuner);
-# cuBLASLt on the padded rows needs no barrier, and on the pad to 64 it runs the same
-# first algorithms of its heuristic as unpadded (XLA's autotuner, trying them all, found
-# a faster cuBLASLt call than its first for the 50257 vocabulary head).
-PADDED_XLA_ALIGN = 8
-PADDED_CUBLASLT_ALIGNS = (8, 64)
-PADDED_BARRIER_ALIGNS = (8, 64)
-PADDED_TOP_ALIGN = 64
-PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
-
-
-# ---------------------------------------------------------------- key predicates
-
-def dtype_class(key: MatmulKey | MatmulProblem) -> str:
-    return "half" if key.lhs_dtype in HALF else "f32"
-
-
-def size_class(key: MatmulKey) -> str:
-    # 2**22 = a 2048 x 2048 bucket: it holds 1025..2048, so small real sizes land here too
-    if key.m * key.n <= 2 ** 22:
-        return "medium"
-    if key.k <= 256:
-        return "small_k"
-    return "large"
-
-
-def tf32_key(key: MatmulKey) -> bool:
-    """f32 inputs at Precision.DEFAULT: the tensor cores may run TF32 (as XLA's dot does)."""
-    return key.lhs_dtype == "float32" and key.precision == Precision.DEFAULT
-
-
-def is_vector(key: MatmulKey) -> bool:
-    return key.m == 1 or key.n == 1
-
-
-def narrow_side(key: MatmulKey) -> str | None:
-    """"m" or "n" when that side is <= 64 (bucketed) and not 1, else None."""
-    if is_vector(key) or min(key.m, key.n) > 64:
-        return None
-    return "m" if key.m <= key.n else "n"
-
-
-def narrow_block(key: MatmulKey) -> int:
-    return max(16, min(64, min(key.m, key.n)))
-
-
-def is_misaligned(key: MatmulKey) -> bool:
-    """A row stride that is not a multiple of 16 bytes: every GEMM loads narrowly."""
-    return key.kind == Kind.GENERAL and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) < ROW_ALIGN_BYTES
-
-
-def is_split_k_shape(key: MatmulKey) -> bool:
-    return key.m * key.n <= 2 ** 21 and key.k >= 2048
-
-
-def mosaic_shape(key: MatmulKey) -> bool:
-    """The accelerated group's key test (device-independent part)."""
-    itemsize = np.dtype(key.lhs_dtype).itemsize
-    return (key.lhs_dtype in HALF and key.rhs_dtype == key.lhs_dtype
-            and key.out_dtype == key.lhs_dtype and key.batch == 1
-            and key.kind == Kind.GENERAL and key.scale == Scale.LARGE
-            and key.lhs_layout == Layout.contiguous() and key.rhs_layout == Layout.contiguous()
-            and min(key.m, key.n) >= 1024
-            and 2 ** key.rhs_stride_factor >= 256 * itemsize  # n % 256 == 0
-            and 2 ** key.lhs_stride_factor >= 64 * itemsize)  # k % 64 == 0
-
-
-# ---------------------------------------------------------------- supports
-
-def _triton_device_ok(device: DeviceInfo, key: MatmulKey) -> bool:
-    cc = device.compute_capability
-    return (device.platform == "gpu" and cc is not None and cc >= (8, 0)
-            and key.lhs_dtype in FLOAT and key.rhs_dtype == key.lhs_dtype
-            and key.out_dtype in FLOAT
-            and key.lhs_layout.name != "HighlyPermuted" and key.rhs_layout.name != "HighlyPermuted")
-
-
-def gemm_supports(config: GemmConfig):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        itemsize = np.dtype(key.lhs_dtype).itemsize
-        return (_triton_device_ok(device, key)
-                and shared_memory_bytes(config, itemsize) <= device.shared_memory_limit)
-    return supports
-
-
-def cublaslt_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    return (device.platform == "gpu" and device.compute_capability is not None
-            and cublaslt.supported_dtypes(key.lhs_dtype, key.rhs_dtype, key.out_dtype)
-            and Precision(key.precision).algorithm is None and cublaslt.available())
-
-
-def cublaslt_epilogue_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    """cuBLASLt's own epilogue computes the key's (``epilogues.cublaslt_form``)."""
-    return (epilogues.cublaslt_form(key.epilogue, key.out_dtype) is not None
-            and cublaslt_supports(device, key))
-
-
-def applying_epilogue(supports):
-    """``supports`` for a Triton GEMM's fused variant: only where it takes the epilogue."""
-    return lambda device, key: epilogues.triton_takes(key.epilogue) and supports(device, key)
-
-
-def unless_applied(supports):
-    """``supports`` for a plain Triton GEMM with a fused variant, which stands in for it
-    wherever that one takes the epilogue."""
-    return lambda device, key: not epilogues.triton_takes(key.epilogue) and supports(device, key)
-
-
-def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
-    return _triton_device_ok(device, key) and is_vector(key)
-
-
-def mosaic_supports(config: MosaicConfig):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        cc = device.compute_capability
-        itemsize = np.dtype(key.lhs_dtype).itemsize
-        return (device.platform == "gpu" and cc is not None and cc >= (9, 0)
-                and mosaic.AVAILABLE and mosaic_shape(key)
-                and 2 ** key.rhs_stride_factor >= config.cta_tile[1] * itemsize
-                and 2 ** key.lhs_stride_factor >= config.tile_k * itemsize
-                and mosaic.fits_shared_memory(config, key.lhs_dtype, device.shared_memory_limit))
-    return supports
-
-
-# ---------------------------------------------------------------- cost model
-
-def _peak(problem: MatmulProblem) -> float:
-    if dtype_class(problem) == "half":
-        return _PEAK_FLOPS["half"]
-    return _PEAK_FLOPS["tf32" if problem.precision == Precision.DEFAULT else "fp32"]
-
-
-def _memory_seconds(problem: MatmulProblem, extra_bytes: float = 0.0) -> float:
-    item = np.dtype(problem.lhs_dtype).itemsize
-    out_item = np.dtype(problem.out_dtype).itemsize
-    b = problem.batch
-    moved = b * ((problem.m + problem.n) * problem.k * item + problem.m * problem.n * out_item)
-    return (moved + extra_bytes) / _BANDWIDTH
-
-
-def gemm_cost(config: GemmConfig, problem: MatmulProblem, sms: int) -> float:
-    """Seconds: whole waves of padded tiles at 70% of peak, or the bytes, plus a launch."""
-    waves = cdiv(tile_count(problem, config), sms)
-    k_extent = split_k_extent(problem.k, config) if config.split_k > 1 else problem.k
-    tile_flops = 2 * config.block_m * config.block_n * k_extent
-    compute = waves * sms * tile_flops / (_KERNEL_EFFICIENCY * _peak(problem))
-    partials = 0.0
-    if config.split_k > 1:  # f32 partials written, then read by the reduction
-        partials = 2 * 4 * config.split_k * problem.batch * problem.m * problem.n
-    launches = 2 if config.split_k > 1 else 1
-    return max(compute, _memory_seconds(problem, partials)) + launches * _LAUNCH_S
-
-
-def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
-    return _memory_seconds(problem) / 0.8 + _LAUNCH_S
-
-
-def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int) -> float:
-    cta_m, cta_n = config.cta_tile
-    tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
-    waves = cdiv(tiles, sms)
-    compute = waves * sms * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
-    return max(compute, _memory_seconds(problem)) + _LAUNCH_S
-
-
-def _padded_supports(inner, half_only: bool = False):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        if device.platform != "gpu" or key.lhs_dtype not in (HALF if half_only else FLOAT):
-            return False
-        return inner is None or inner(device, key)
-    return supports
-
-
-def _pad_copy_seconds(problem: MatmulProblem) -> float:
-    return 2 * _memory_seconds(problem) + 2 * _LAUNCH_S  # operands and output copied
-
-
-def _padded_xla_cost(align: int, problem: MatmulProblem, misaligned_only: bool = False) -> float:
-    big = padded_problem(problem, align, misaligned_only)
-    flops = 2 * big.batch * big.m * big.n * big.k
-    return max(flops / (_LIBRARY_EFFICIENCY * _peak(big)), _memory_seconds(big)) + _pad_copy_seconds(problem)
-
-
-def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem,
-                sms: int) -> float:
-    """The GEMM on k rounded up to block_k, plus the packing copies (one launch each)."""
-    big = dataclasses.replace(problem, k=round_up(problem.k, config.block_k))
-    moved = packing_bytes(problem, config.block_k, k_major)
-    copies = (moved > 0) * 2
-    return gemm_cost(config, big, sms) + moved / _BANDWIDTH + copies * _LAUNCH_S
-
-
-def xla_cost(problem: MatmulProblem, launches: int = 1) -> float:
-    flops = 2 * problem.batch * problem.m * problem.n * problem.k
-    return max(flops / (_LIBRARY_EFFICIENCY * _peak(problem)), _memory_seconds(problem)) + launches * _LAUNCH_S
-
-
-# ---------------------------------------------------------------- the set
+# ---------------------------------------------------------------- kernels and tiers
 
 def _kernel(fn, config, fn_name: str | None = None):
     """``fn(lhs, rhs, problem, *operands)`` for the candidate contract, with the config bound
@@ -358,11 +108,6 @@ def _kernel(fn, config, fn_name: str | None = None):
         return fn(lhs, rhs, problem, config, *operands)
     kernel.__name__ = f"{fn_name or fn.__name__}_{config.name}"
     return kernel
-
-
-def _align_tier(align: int):
-    """The in-group tier of a padded variant: the top one for the pad to PADDED_TOP_ALIGN."""
-    return lambda key: TOP if align == PADDED_TOP_ALIGN else LOWER
 
 
 def _cublaslt_kernel(lhs, rhs, problem: MatmulProblem, *, algorithm: int):
@@ -379,128 +124,186 @@ def _cublaslt_epilogue_kernel(lhs, rhs, problem: MatmulProblem, *operands, algor
                            residual=pick(form.residual), activation=form.activation)
 
 
+def _params(config, family: str) -> dict:
+    return {"family": family, **dataclasses.asdict(config)}
+
+
+def _top(key: MatmulKey) -> int:
+    return TOP
+
+
+def _lower(key: MatmulKey) -> int:
+    return LOWER
+
+
+def _half_only(key: MatmulKey) -> int:
+    return TOP if dtype_class(key) == "half" else SKIP
+
+
+def _align_tier(align: int):
+    """The in-group tier of a padded variant: the top one for the pad to PADDED_TOP_ALIGN."""
+    return _top if align == PADDED_TOP_ALIGN else _lower
+
+
 def _best_of(priorities):
     if len(priorities) == 1:
         return priorities[0]
     return lambda key: max(p(key) for p in priorities)
 
 
-def _params(config, family: str) -> dict:
-    return {"family": family, **dataclasses.asdict(config)}
+# ---------------------------------------------------------------- the groups
+
+class Groups(NamedTuple):
+    """The set's groups in declaration order, which breaks ties of equal priority."""
+
+    padded: Group
+    skinny: Group
+    split_k: Group
+    accelerated: Group
+    triton: Group
 
 
-def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
-    """XLA's dot (candidate 0), then Mosaic wgmma and Pallas Triton kernels in four groups."""
-    builder = CandidateSetBuilder("gpu", device.device_kind)
-    builder.add(XLA_DOT)
+def declare_groups(builder: CandidateSetBuilder, device: DeviceInfo) -> Groups:
+    """The five groups of the table above, declared on ``builder`` in this order."""
     hopper = (device.compute_capability or (0, 0)) >= (9, 0)
-    sms = device.multiprocessors
+    return Groups(
+        # a misaligned key's round seldom ends early (XLA's own dot there is far from the
+        # roofline), so its XLA-based candidates are autotuned together with XLA's dot
+        padded=builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP,
+                             primes_xla=True),
+        skinny=builder.group(
+            "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP),
+        split_k=builder.group(
+            "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP),
+        accelerated=builder.group(
+            "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP),
+        triton=builder.group(
+            "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP),
+    )
 
-    # a misaligned key's round seldom ends early (XLA's own dot there is far from the
-    # roofline), so its XLA-based candidates are autotuned together with XLA's dot
-    padded_group = builder.group("padded", lambda key: 7 if is_misaligned(key) else SKIP,
-                                 primes_xla=True)
-    skinny = builder.group(
-        "skinny_gemv", lambda key: 6 if is_vector(key) or narrow_side(key) else SKIP)
-    split_k = builder.group(
-        "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP)
-    accelerated = builder.group(
-        "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP)
-    triton = builder.group(
-        "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP)
 
-    every_top_tier = [(group, lambda key: TOP) for group in (padded_group, skinny, split_k, accelerated, triton)]
+# ---------------------------------------------------------------- the families
+# Each ``family(builder, groups, device)`` adds one family's candidates, with their groups
+# and in-group priorities; the set is XLA's dot, then FAMILIES in order.
+
+def _add_cublaslt(builder: CandidateSetBuilder, groups: Groups, family: str, kernel, supports,
+                  applies_epilogue: bool = False) -> None:
+    """``{family}_algo0..2``: cuBLASLt's first heuristic algorithms, in every top tier."""
     for algorithm in range(CUBLASLT_ALGORITHMS):
-        builder.add(Candidate(f"cublaslt_algo{algorithm}",
-                              functools.partial(_cublaslt_kernel, algorithm=algorithm),
-                              params={"family": "cublaslt", "algorithm": algorithm,
+        builder.add(Candidate(f"{family}_algo{algorithm}", functools.partial(kernel, algorithm=algorithm),
+                              params={"family": family, "algorithm": algorithm,
                                       "workspace": cublaslt.WORKSPACE_BYTES},
-                              supports=cublaslt_supports, cost=xla_cost, quick_compile=True),
-                    *every_top_tier)
-    for algorithm in range(CUBLASLT_ALGORITHMS):
-        builder.add(Candidate(f"cublaslt_epilogue_algo{algorithm}",
-                              functools.partial(_cublaslt_epilogue_kernel, algorithm=algorithm),
-                              params={"family": "cublaslt_epilogue", "algorithm": algorithm,
-                                      "workspace": cublaslt.WORKSPACE_BYTES},
-                              supports=cublaslt_epilogue_supports, cost=xla_cost, quick_compile=True,
-                              applies_epilogue=True),
-                    *every_top_tier)
+                              supports=supports, cost=xla_cost, quick_compile=True,
+                              applies_epilogue=applies_epilogue),
+                    *[(group, _top) for group in groups])
 
+
+def _add_with_fused(builder: CandidateSetBuilder, name: str, kernel, params: dict, supports, cost,
+                    pairs: list, fuses: bool = True) -> None:
+    """A Triton GEMM ``name`` and, if it ``fuses``, ``{name}_epilogue``, which applies an
+    elementwise epilogue to its tiles and stands in for it wherever it takes one."""
+    builder.add(Candidate(name, kernel, params=params,
+                          supports=unless_applied(supports) if fuses else supports, cost=cost),
+                *pairs)
+    if fuses:
+        builder.add(Candidate(f"{name}_epilogue", kernel, params={**params, "epilogue": True},
+                              supports=applying_epilogue(supports), cost=cost, applies_epilogue=True),
+                    *pairs)
+
+
+def cublaslt_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``cublaslt_algo0..2``, joining every group's top tier."""
+    _add_cublaslt(builder, groups, "cublaslt", _cublaslt_kernel, cublaslt_supports)
+
+
+def cublaslt_epilogue_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``cublaslt_epilogue_algo0..2``: the key's epilogue by cuBLASLt's own."""
+    _add_cublaslt(builder, groups, "cublaslt_epilogue", _cublaslt_epilogue_kernel,
+                  cublaslt_epilogue_supports, applies_epilogue=True)
+
+
+def mosaic_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``mosaic_wgmma_*``: the accelerated group's top tier (sm_90)."""
     for config in MOSAIC_CONFIGS:
         builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
                               params=_params(config, "mosaic_wgmma"),
                               supports=mosaic_supports(config),
-                              cost=functools.partial(mosaic_cost, config, sms=sms)),
-                    accelerated, lambda key: TOP)
+                              cost=functools.partial(mosaic_cost, config, sms=device.multiprocessors)),
+                    groups.accelerated, _top)
 
-    # A config may serve several profiles or groups: collect its memberships, add it once.
-    gemm_members: dict[GemmConfig, dict[str, list]] = {}
 
-    def member(config: GemmConfig, group, priority):
-        gemm_members.setdefault(config, {}).setdefault(group.name, [group]).append(priority)
+def _profile_tier(profile: tuple[str, str]):
+    return lambda key: (TOP if (dtype_class(key), size_class(key)) == profile
+                        else LOWER if dtype_class(key) == "half" or tf32_key(key) else SKIP)
 
+
+def _tf32_tier(profile: str):
+    return lambda key: SKIP if not tf32_key(key) else TOP if size_class(key) == profile else LOWER
+
+
+def _skinny_tier(side: str, narrow: int):
+    return lambda key: TOP if (narrow_side(key), narrow_block(key)) == (side, narrow) else LOWER
+
+
+def _gemm_slots(groups: Groups):
+    """(config, group, in-group priority) for every place a Triton GEMM serves."""
     accelerated_backups = GEMM_PROFILES[("half", "large")][:1]
     for profile, configs in GEMM_PROFILES.items():
         for config in configs:
-            member(config, triton, lambda key, profile=profile:
-                   TOP if (dtype_class(key), size_class(key)) == profile
-                   else LOWER if dtype_class(key) == "half" or tf32_key(key) else SKIP)
+            yield config, groups.triton, _profile_tier(profile)
             if config in accelerated_backups:
-                member(config, accelerated, lambda key: TOP)
+                yield config, groups.accelerated, _top
     for config in SPLIT_K_CONFIGS:
-        member(config, split_k, lambda key: TOP if dtype_class(key) == "half" else SKIP)
+        yield config, groups.split_k, _half_only
     for side in ("m", "n"):
         for narrow in SKINNY_NARROW:
-            for wide, bk, stages, sk in _SKINNY_SHAPES:
-                member(skinny_config(side, narrow, wide, bk, stages, sk), skinny,
-                       lambda key, slot=(side, narrow):
-                       TOP if (narrow_side(key), narrow_block(key)) == slot else LOWER)
-    for config, groups in gemm_members.items():
-        pairs = [(group, _best_of(priorities)) for group, *priorities in groups.values()]
-        fuses = config.split_k == 1  # split-K partials are summed before any epilogue
-        builder.add(Candidate(f"triton_gemm_{config.name}", _kernel(gemm, config),
-                              params=_params(config, "triton_gemm"),
-                              supports=unless_applied(gemm_supports(config)) if fuses else gemm_supports(config),
-                              cost=functools.partial(gemm_cost, config, sms=sms)),
-                    *pairs)
-        if fuses:
-            builder.add(Candidate(f"triton_gemm_{config.name}_epilogue", _kernel(gemm, config),
-                                  params={**_params(config, "triton_gemm"), "epilogue": True},
-                                  supports=applying_epilogue(gemm_supports(config)),
-                                  cost=functools.partial(gemm_cost, config, sms=sms), applies_epilogue=True),
-                        *pairs)
+            for wide, bk, stages, sk in SKINNY_SHAPES:
+                yield skinny_config(side, narrow, wide, bk, stages, sk), groups.skinny, _skinny_tier(side, narrow)
 
-    # packed GEMMs: K-major f32 (TF32) in triton_gemm, as-stored half in padded
-    packed_members: dict[tuple[GemmConfig, bool], list] = {}
+
+def triton_gemm_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_gemm_*``: the profiles', split-K and skinny GEMMs; a config serving several
+    slots is added once, with its best tier per group."""
+    members: dict[GemmConfig, dict[str, list]] = {}
+    for config, group, priority in _gemm_slots(groups):
+        members.setdefault(config, {}).setdefault(group.name, [group]).append(priority)
+    for config, by_group in members.items():
+        pairs = [(group, _best_of(priorities)) for group, *priorities in by_group.values()]
+        fuses = config.split_k == 1  # split-K partials are summed before any epilogue
+        _add_with_fused(builder, f"triton_gemm_{config.name}", _kernel(gemm, config),
+                        _params(config, "triton_gemm"), gemm_supports(config),
+                        functools.partial(gemm_cost, config, sms=device.multiprocessors), pairs, fuses)
+
+
+def triton_packed_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_packed_*``: K-major f32 (TF32) GEMMs in triton_gemm, as-stored half ones in padded."""
+    members: dict[tuple[GemmConfig, bool], list] = {}
     for profile, configs in F32_PACKED_PROFILES.items():
         for config in configs:
-            packed_members.setdefault((config, True), []).append(
-                (triton, lambda key, profile=profile: SKIP if not tf32_key(key)
-                 else TOP if size_class(key) == profile else LOWER))
+            members.setdefault((config, True), []).append((groups.triton, _tf32_tier(profile)))
     for config in PADDED_PACKED_CONFIGS:
-        packed_members.setdefault((config, False), []).append(
-            (padded_group, lambda key: TOP if dtype_class(key) == "half" else SKIP))
-    for (config, k_major), pairs in packed_members.items():
+        members.setdefault((config, False), []).append((groups.padded, _half_only))
+    for (config, k_major), pairs in members.items():
         layout = "kmajor" if k_major else "asis"
         kernel = _kernel(functools.partial(packed_gemm, k_major=k_major), config, f"packed_gemm_{layout}")
-        params = {**_params(config, "triton_packed"), "k_major": k_major}
-        cost = functools.partial(packed_cost, config, k_major, sms=sms)
-        builder.add(Candidate(f"triton_packed_{layout}_{config.name}", kernel, params=params,
-                              supports=unless_applied(gemm_supports(config)), cost=cost),
-                    *pairs)
-        builder.add(Candidate(f"triton_packed_{layout}_{config.name}_epilogue", kernel,
-                              params={**params, "epilogue": True},
-                              supports=applying_epilogue(gemm_supports(config)), cost=cost,
-                              applies_epilogue=True),
-                    *pairs)
+        _add_with_fused(builder, f"triton_packed_{layout}_{config.name}", kernel,
+                        {**_params(config, "triton_packed"), "k_major": k_major}, gemm_supports(config),
+                        functools.partial(packed_cost, config, k_major, sms=device.multiprocessors), pairs)
 
-    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}",
-                          padded(xla_dot, PADDED_XLA_ALIGN),
+
+def padded_xla_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_xla_dot_a8``: m, n and k padded to 8, a lower tier of padded."""
+    builder.add(Candidate(f"padded_xla_dot_a{PADDED_XLA_ALIGN}", padded(xla_dot, PADDED_XLA_ALIGN),
                           params={"family": "padded", "align": PADDED_XLA_ALIGN},
-                          supports=_padded_supports(None),
-                          cost=functools.partial(_padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
-                padded_group, lambda key: LOWER)
-    for align in PADDED_CUBLASLT_ALIGNS:  # a custom call cannot fuse the pads: no barrier
+                          supports=float_supports,
+                          cost=functools.partial(padded_xla_cost, PADDED_XLA_ALIGN), xla_autotuned=True),
+                groups.padded, _lower)
+
+
+def padded_cublaslt_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_cublaslt_a{8,64}_rows[_algoN]``: the misaligned rows padded (a custom call
+    cannot fuse the pads: no barrier); three algorithms on the pad to 64, one on the pad to 8."""
+    for align in PADDED_CUBLASLT_ALIGNS:
         algorithms = range(CUBLASLT_ALGORITHMS) if align == PADDED_TOP_ALIGN else range(1)
         for algorithm in algorithms:
             suffix = f"_algo{algorithm}" if algorithm else ""
@@ -510,32 +313,60 @@ def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
                                   params={"family": "padded", "inner": "cublaslt", "align": align,
                                           "misaligned_only": True, "algorithm": algorithm},
                                   supports=cublaslt_supports,
-                                  cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                                  cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                                   quick_compile=True),
-                        padded_group, _align_tier(align))
+                        groups.padded, _align_tier(align))
+
+
+def padded_barrier_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``padded_xla_dot_a{8,64}_barrier_rows``: XLA's dot on the misaligned rows padded,
+    the pads behind a barrier."""
     for align in PADDED_BARRIER_ALIGNS:
         builder.add(Candidate(f"padded_xla_dot_a{align}_barrier_rows",
                               padded(xla_dot, align, barrier=True, misaligned_only=True),
                               params={"family": "padded", "align": align, "barrier": True,
                                       "misaligned_only": True},
-                              supports=_padded_supports(None),
-                              cost=functools.partial(_padded_xla_cost, align, misaligned_only=True),
+                              supports=float_supports,
+                              cost=functools.partial(padded_xla_cost, align, misaligned_only=True),
                               xla_autotuned=True),
-                    padded_group, _align_tier(align))
-    builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
-                          supports=_padded_supports(None),
-                          cost=functools.partial(xla_cost, launches=2), xla_autotuned=True),
-                split_k, lambda key: TOP)
+                    groups.padded, _align_tier(align))
 
+
+def xla_transposed_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``xla_transposed``: XLA's dot of C^T = B^T A^T, in split_k's top tier."""
+    builder.add(Candidate("xla_transposed", xla_transposed, params={"family": "xla_transposed"},
+                          supports=float_supports,
+                          cost=functools.partial(xla_cost, launches=2), xla_autotuned=True),
+                groups.split_k, _top)
+
+
+def triton_vector_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``triton_vector_*``: skinny_gemv's top tier when m or n is 1."""
     for config in VECTOR_CONFIGS:
         builder.add(Candidate(f"triton_vector_{config.name}", _kernel(vector_matmul, config),
                               params=_params(config, "triton_vector"), supports=vector_supports,
                               cost=functools.partial(vector_cost, config)),
-                    skinny, lambda key: TOP if is_vector(key) else SKIP)
+                    groups.skinny, lambda key: TOP if is_vector(key) else SKIP)
+
+
+# The order is the set's (its checksum hashes it): a new family goes at the end.
+FAMILIES = (cublaslt_family, cublaslt_epilogue_family, mosaic_family, triton_gemm_family,
+            triton_packed_family, padded_xla_family, padded_cublaslt_family, padded_barrier_family,
+            xla_transposed_family, triton_vector_family)
+
+
+def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
+    """XLA's dot (candidate 0), the groups, then every family of ``FAMILIES`` in order."""
+    builder = CandidateSetBuilder("gpu", device.device_kind)
+    builder.add(XLA_DOT)
+    groups = declare_groups(builder, device)
+    for family in FAMILIES:
+        family(builder, groups, device)
     return builder.build()
 
 
-__all__ = ["gpu_candidate_set", "CUBLASLT_ALGORITHMS", "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
+__all__ = ["gpu_candidate_set", "FAMILIES", "Groups", "declare_groups", "CUBLASLT_ALGORITHMS",
+           "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
            "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
            "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
            "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]
