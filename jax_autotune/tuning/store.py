@@ -21,7 +21,7 @@ Namespaces (built by ``tuning.namespaces``):
 No store raises for disk trouble: one that cannot be used warns once and is memory-only
 from then on; one this process may not write is read, with one warning. A bad row is
 skipped with one warning per store, and so is a decision row that breaks a tune-table
-entry's rules (``tuner.stored_decision``).
+entry's rules (``decisions.stored_decision``).
 
     >>> import pathlib, tempfile
     >>> from jax_autotune.tuning.store import TuneStore

@@ -227,7 +227,7 @@ class Store(abc.ABC):
 
     def skip_row(self, namespace: str, key: str, checksum: str, reason: str) -> None:
         """Warn, once per store, that a row is treated as missing: its value is not a JSON
-        object, or not a record its reader accepts (``tuner.stored_decision``).
+        object, or not a record its reader accepts (``decisions.stored_decision``).
 
             >>> store.skip_row(ns, "k1", "c1", "results[0].score: expected a number")
         """
