@@ -74,7 +74,7 @@ def _time_case(batch, m, n, k, dtype, chain, samples):
         tuned_fn = lambda a, b, p: jat.matmul(a, b)  # noqa: E731
     report = jat.warmup(lambda a, b: tuned_fn(a, b, problem), lhs, rhs)
     winner = report.entries[0].winner if len(report) else "xla_dot"
-    runners = {name: compile_repeated(fn, problem, (lhs, rhs)) for name, fn in
+    runners = {name: compile_repeated(lambda a, b, fn=fn: fn(a, b, problem), (lhs, rhs)) for name, fn in
                (("xla", xla_fn), ("tuned", tuned_fn))}
     # repetitions so one sample lasts ~20 ms
     once = {}
