@@ -20,7 +20,7 @@ effects, the function is differentiated as traced (tuned primitives, bare backwa
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -119,4 +119,4 @@ def _zero_cotangent(aval):
     return np.zeros(aval.shape, jax.dtypes.float0)
 
 
-__all__: list[Any] = ["reverse_mode", "with_tuned_backward"]
+__all__ = ["reverse_mode", "with_tuned_backward"]

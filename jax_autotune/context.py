@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import DropVar, Literal, Var

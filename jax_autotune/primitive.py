@@ -167,7 +167,8 @@ def _lowering(platform: str):
             return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         for_export = _for_export(ctx)
         if lowering_targets_many_devices(ctx) and not for_export:  # jax.export takes no partitioner op
-            sharding = None if operands else explicit_sharding(ctx.avals_out[0])
+            # the product's Explicit sharding is the output's only for the matmul alone
+            sharding = explicit_sharding(ctx.avals_out[0]) if problem.epilogue.is_bare else None
             kernel = functools.partial(_partitioned, problem=problem, kernels=ShardKernels(platform),
                                        out_sharding=sharding)
             return _emit(ctx, inputs, kernel)

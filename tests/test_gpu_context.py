@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import jax_autotune as jat
-from jax_autotune.epilogue import Epilogue
 from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
 from jax_autotune.kernels.gpu.epilogues import _captured

@@ -112,7 +112,7 @@ def clear(directory: str) -> int:
         folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0
-    except OSError as err:
+    except OSError:
         if os.path.islink(directory):
             raise ValueError(f"{directory} is a symbolic link (to {os.readlink(directory)}); "
                              f"nothing deleted: remove the link, or clear its target "

@@ -40,7 +40,7 @@ import time
 import warnings
 from typing import Callable
 
-from jax_autotune.errors import ConsensusWarning, JaxAutotuneConsensusWarning
+from jax_autotune.errors import ConsensusWarning, JaxAutotuneConsensusWarning  # noqa: F401 - its earlier home
 from jax_autotune._version import __version__
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.store import TuneStore

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_autotune.epilogue import numpy_kind_name
 from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
@@ -63,12 +64,8 @@ def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
     return max(by_input, by_output)
 
 
-def _np_name(dtype: str) -> str:
-    return "float32" if dtype in ("bfloat16",) or dtype.startswith("float8") else dtype
-
-
 def _is(dtype: str, kind) -> bool:
-    return np.issubdtype(np.dtype(_np_name(dtype)), kind)
+    return np.issubdtype(np.dtype(numpy_kind_name(dtype)), kind)
 
 
 def _integer(problem: MatmulProblem) -> bool:

@@ -51,7 +51,7 @@ from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
 from jax_autotune.tuning.consensus import current_job, decide_in_job, decide_on_host, job_key
 from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
-from jax_autotune.tuning.decisions import Installed, KnownDecisions, stored_decision  # noqa: F401
+from jax_autotune.tuning.decisions import Installed, KnownDecisions
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.export_safety import allowed_targets
 from jax_autotune.tuning.plan import DEMOTED, make_plan
