@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 import jax_autotune.config as config
+from jax_autotune.dtypes import is_floating
 from jax_autotune.key import Level, MatmulKey
 from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
 from jax_autotune.epilogue import Epilogue
@@ -50,7 +51,7 @@ def _tuned(op: str, lhs, rhs, precision, preferred_element_type):
     result = lax_result(op, lhs, rhs, precision, preferred_element_type)
     level = key_precision(result.precision)
     if lhs.dtype != rhs.dtype:
-        wide_floats = all(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize >= 2
+        wide_floats = all(is_floating(x.dtype) and x.dtype.itemsize >= 2
                           for x in (lhs, rhs))
         # converted operands are strong, so a weak result needs lax's own dot too
         if not wide_floats or result.weak_type:

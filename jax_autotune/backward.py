@@ -13,9 +13,12 @@ gradients are JAX's own, and every matmul of both passes is bound in its context
     >>> if linearized:
     ...     out = with_tuned_backward(closed, flat_fn, avals, linearized, rewrite)(*arrays)
 
-Forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) cannot differentiate
-a ``custom_vjp``; under it, or where a leaf or output is not a float array, or ``fn`` has
-effects, the function is differentiated as traced (tuned primitives, bare backward keys).
+Forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``, and ``jax.linearize``,
+whose linear function runs forward) cannot differentiate a ``custom_vjp``; under it, or
+where ``fn`` has effects or closes over values of an outer transformation (which custom_vjp
+rules cannot), the function is differentiated as traced (tuned primitives, bare backward
+keys). Leaves and outputs that are not differentiable (integers, bools, PRNG keys) get the
+``float0`` cotangents JAX gives them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import numpy as np
 from jax.extend.core import jaxpr_as_fun
+
+from jax_autotune.dtypes import is_differentiable, zero_cotangent
 
 try:  # jax internals (0.10 and 0.11): the tracers of linearize, jvp, vmap and jit
     from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
@@ -37,8 +41,9 @@ except ImportError:  # pragma: no cover - a jax that moved them: differentiate a
 def reverse_mode(arrays) -> tuple[bool, ...] | None:
     """Which leaves the call is linearized with respect to, for reverse-mode autodiff;
     None when it is not, or when something else is around it: forward-mode autodiff
-    (which a ``custom_vjp`` refuses) or a tracer of a kind not known here (a leaf it hides
-    could be differentiated, and its gradient must not be lost)."""
+    (which a ``custom_vjp`` refuses: ``jax.jvp``, and ``jax.linearize``, whose linear
+    function runs forward) or a tracer of a kind not known here (a leaf it hides could be
+    differentiated, and its gradient must not be lost)."""
     if LinearizeTracer is None:
         return None
     found = []
@@ -46,6 +51,8 @@ def reverse_mode(arrays) -> tuple[bool, ...] | None:
         linearized = False
         while isinstance(x, jax.core.Tracer):
             if isinstance(x, LinearizeTracer):
+                if not getattr(x._trace, "is_vjp", False):  # jax.linearize, not jax.vjp
+                    return None
                 linearized, x = True, x.primal
             elif isinstance(x, BatchTracer):
                 x = x.val
@@ -57,42 +64,42 @@ def reverse_mode(arrays) -> tuple[bool, ...] | None:
     return tuple(found) if any(found) else None
 
 
-def _is_float(aval) -> bool:
-    return np.issubdtype(np.dtype(aval.dtype), np.inexact)
-
-
 def with_tuned_backward(primal, flat_fn, avals: tuple, linearized: tuple, rewrite) -> Callable | None:
     """``custom_vjp`` of ``flat_fn`` (over the array leaves, whose rewritten jaxpr is
     ``primal``), differentiated with respect to the ``linearized`` leaves, its forward and
     backward traced and rewritten by ``rewrite``; None where it does not apply (see the
     module docstring): the caller differentiates as traced (and keeps it per signature)."""
-    if primal.effects or not all(_is_float(a) for a in primal.out_avals):
+    if primal.effects or _closes_over_tracers(primal):
         return None
-    floats = tuple(bool(d) and _is_float(a) for a, d in zip(avals, linearized))
+    floats = tuple(bool(d) and is_differentiable(a.dtype) for a, d in zip(avals, linearized))
+    if not any(floats):
+        return None
 
     def forward(*arrays):
         def of_floats(*xs):
             it = iter(xs)
             return flat_fn(*(next(it) if f else a for a, f in zip(arrays, floats)))
-        out, pullback = jax.vjp(of_floats, *(a for a, f in zip(arrays, floats) if f))
-        return out, pullback
+        return jax.vjp(of_floats, *(a for a, f in zip(arrays, floats) if f))
 
     try:
         traced, (out_shape, pullback_shape) = jax.make_jaxpr(forward, return_shape=True)(*avals)
         out_tree = jax.tree_util.tree_structure(out_shape)
         pullback_tree = jax.tree_util.tree_structure(pullback_shape)
         n_out = out_tree.num_leaves
-        residuals = traced.out_avals[n_out:]
+        outs, residuals = traced.out_avals[:n_out], traced.out_avals[n_out:]
+        sensitive = [is_differentiable(a.dtype) for a in outs]  # outputs with a cotangent
 
         def backward(*inputs):
-            res, cts = inputs[:len(residuals)], inputs[len(residuals):]
-            pullback = jax.tree_util.tree_unflatten(pullback_tree, res)
+            res, cts = iter(inputs[:len(residuals)]), iter(inputs[len(residuals):])
+            pullback = jax.tree_util.tree_unflatten(pullback_tree, list(res))
+            cts = [next(cts) if s else zero_cotangent(a) for a, s in zip(outs, sensitive)]
             return pullback(jax.tree_util.tree_unflatten(out_tree, cts))
 
-        cotangents = traced.out_avals[:n_out]
-        bwd_traced = jax.make_jaxpr(backward)(*residuals, *cotangents)
+        bwd_traced = jax.make_jaxpr(backward)(*residuals, *(a for a, s in zip(outs, sensitive) if s))
     except Exception:  # noqa: BLE001 - a pullback that is not a pytree of arrays here
         return None
+    if _closes_over_tracers(traced) or _closes_over_tracers(bwd_traced):
+        return None  # custom_vjp rules cannot close over an outer transformation's values
     fwd_jaxpr, bwd_jaxpr = rewrite(traced), rewrite(bwd_traced)
     run_primal, run_fwd, run_bwd = (jaxpr_as_fun(j) for j in (primal, fwd_jaxpr, bwd_jaxpr))
 
@@ -105,18 +112,15 @@ def with_tuned_backward(primal, flat_fn, avals: tuple, linearized: tuple, rewrit
         return outs[:n_out], outs[n_out:]
 
     def tuned_bwd(res, cts):
-        grads = iter(run_bwd(*res, *cts))
-        return tuple(next(grads) if f else _zero_cotangent(a) for f, a in zip(floats, avals))
+        grads = iter(run_bwd(*res, *(c for c, s in zip(cts, sensitive) if s)))
+        return tuple(next(grads) if f else zero_cotangent(a) for f, a in zip(floats, avals))
 
     tuned.defvjp(tuned_fwd, tuned_bwd)
     return lambda *arrays: tuned(*arrays)
 
 
-def _zero_cotangent(aval):
-    """The cotangent of a leaf nothing differentiates: zeros (float0 for integers)."""
-    if _is_float(aval):
-        return jax.numpy.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, jax.dtypes.float0)
+def _closes_over_tracers(closed) -> bool:
+    return any(isinstance(c, jax.core.Tracer) for c in closed.consts)
 
 
 __all__ = ["reverse_mode", "with_tuned_backward"]

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import DropVar, Literal, Var
 
+from jax_autotune.dtypes import is_integer
 from jax_autotune.epilogue import BARE as BARE_EPILOGUE
 from jax_autotune.epilogue import ELEMENTWISE_ARITY, MAX_OPS, REDUCTIONS, Epilogue, Op, Operand
 
@@ -390,7 +391,7 @@ def _literal(atom) -> str:
     dtype = np.dtype(atom.aval.dtype).name
     if value.dtype == np.bool_:
         return f"{bool(value)}:{dtype}"
-    if np.issubdtype(value.dtype, np.integer):
+    if is_integer(value.dtype):
         return f"{int(value)}:{dtype}"
     return f"{float(value)!r}:{dtype}"
 

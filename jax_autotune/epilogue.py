@@ -36,6 +36,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jax_autotune.dtypes import is_floating
+
 ROLES = ("scalar", "row", "col", "full")
 MAX_OPS = 48  # a longer chain is cut there: the rest runs after the tuned program
 _CLASS_RANK = {"total": 0, "reduced": 1, "full": 2}
@@ -306,29 +308,15 @@ def _widened(dtype: str, compute_dtype: str | None) -> str:
     return compute_dtype if np.dtype(dtype).itemsize < np.dtype(compute_dtype).itemsize else dtype
 
 
-def numpy_kind_name(dtype: str) -> str:
-    """A dtype name numpy's type hierarchy knows: the narrow floats of ml_dtypes (bfloat16,
-    float8) stand as float32, so ``np.issubdtype(..., np.floating)`` holds for them.
-
-        >>> numpy_kind_name("bfloat16"), numpy_kind_name("int8")
-        ('float32', 'int8')
-    """
-    return "float32" if dtype == "bfloat16" or dtype.startswith("float8") else dtype
-
-
-def _is_float(dtype: str) -> bool:
-    return np.issubdtype(np.dtype(numpy_kind_name(dtype)), np.floating)
-
-
 def _float64(x) -> np.ndarray:
     """A host copy; floats (bfloat16 and float8 included) as float64."""
     x = np.asarray(x)
-    return x.astype(np.float64) if _is_float(x.dtype.name) else x
+    return x.astype(np.float64) if is_floating(x.dtype.name) else x
 
 
 def _host_dtype(dtype: str, xp):
     if xp is np:  # the float64 reference: floats stay float64
-        return np.float64 if _is_float(dtype) else np.dtype(dtype)
+        return np.float64 if is_floating(dtype) else np.dtype(dtype)
     return dtype
 
 
@@ -375,7 +363,7 @@ _NUMPY_OPS: dict[str, Callable] = {
     "relu": lambda x: np.maximum(x, 0), "select_n": _select_n,
     "integer_pow": lambda x, y: x ** int(y),
     # the reference keeps float64: only a convert to a non-float type changes values
-    "convert_element_type": lambda x, new_dtype: x if _is_float(new_dtype) else x.astype(new_dtype),
+    "convert_element_type": lambda x, new_dtype: x if is_floating(new_dtype) else x.astype(new_dtype),
     "reduce_sum": lambda x, axis: np.sum(x, axis=axis),
     "reduce_max": lambda x, axis: np.max(x, axis=axis),
     "reduce_min": lambda x, axis: np.min(x, axis=axis),

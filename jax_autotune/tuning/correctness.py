@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_autotune.epilogue import numpy_kind_name
+from jax_autotune.dtypes import is_complex, is_integer
 from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.timing import as_numpy, device_of
 
@@ -54,7 +55,7 @@ def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
     the HIGHEST tolerance there.
     """
     outs = {_REAL_PART.get(d, d) for d in (problem.out_dtype, problem.result_dtype)}
-    by_output = max(0.0 if _is(out, np.integer) else _OUTPUT_TOLERANCE.get(out, _DEFAULT_FLOAT_TOLERANCE)
+    by_output = max(0.0 if is_integer(out) else _OUTPUT_TOLERANCE.get(out, _DEFAULT_FLOAT_TOLERANCE)
                     for out in outs)
     if _integer(problem):
         return by_output
@@ -64,16 +65,12 @@ def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
     return max(by_input, by_output)
 
 
-def _is(dtype: str, kind) -> bool:
-    return np.issubdtype(np.dtype(numpy_kind_name(dtype)), kind)
-
-
 def _integer(problem: MatmulProblem) -> bool:
-    return all(_is(d, np.integer) for d in (problem.lhs_dtype, problem.rhs_dtype))
+    return all(is_integer(d) for d in (problem.lhs_dtype, problem.rhs_dtype))
 
 
 def _complex(problem: MatmulProblem) -> bool:
-    return any(_is(d, np.complexfloating) for d in (problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype))
+    return any(is_complex(d) for d in (problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype))
 
 
 def _wide(problem: MatmulProblem):
@@ -148,7 +145,7 @@ def reference(problem: MatmulProblem, lhs, rhs, *operands, host_max_macs: int = 
     if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
         a, b = _wide_operands(problem, lhs, rhs)
         exact = np.matmul(a, b)
-        exact = exact.astype(problem.out_dtype) if _is(problem.out_dtype, np.integer) else exact
+        exact = exact.astype(problem.out_dtype) if is_integer(problem.out_dtype) else exact
         return exact if epilogue.is_bare else epilogue.reference(exact, host)
     rng = np.random.default_rng(seed)
     batches = _sample(problem.batch, SAMPLE_BATCHES, rng)
@@ -167,7 +164,7 @@ def reference(problem: MatmulProblem, lhs, rhs, *operands, host_max_macs: int = 
 def _device_summary(out, trusted, batches, rows, cols):
     """The sampled entries of ``out``, ||out - trusted||, ||trusted|| and whether all of
     ``out`` is finite, computed where ``out`` lives."""
-    dtype = jnp.complex64 if jnp.issubdtype(out.dtype, jnp.complexfloating) else jnp.float32
+    dtype = jnp.complex64 if is_complex(out.dtype) else jnp.float32
     wide = out.astype(dtype)
     picked = wide[batches][:, rows][:, :, cols]
     diff = wide - trusted.astype(dtype)
@@ -180,7 +177,7 @@ def _compiled_summary(shape: tuple, dtype: str, sample: tuple, device):
     index = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in sample]
     out = jax.ShapeDtypeStruct(shape, dtype)
     with jax.default_device(device):
-        return jax.jit(_device_summary).lower(out, out, *index).compile()
+        return compile_lowered(jax.jit(_device_summary).lower(out, out, *index))
 
 
 def _summary_for(ref: SampledReference, out):

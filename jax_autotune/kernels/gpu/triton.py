@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from jax_autotune.dtypes import is_floating
 from jax_autotune.key import Precision
 from jax_autotune.kernels.gpu.sizes import cdiv
 from jax_autotune.problem import MatmulProblem
@@ -283,7 +284,7 @@ def _epilogue_tile(acc, epilogue, operand_refs, m0, n0, bm: int, bn: int, produc
             tile = load_vector(ref, m0, bm)
         else:  # full; scalars are not taken (``kernels.gpu.epilogues``)
             tile = load_tile(ref, m0, n0, bm, bn)
-        tiles.append(tile.astype(jnp.float32) if jnp.issubdtype(tile.dtype, jnp.floating) else tile)
+        tiles.append(tile.astype(jnp.float32) if is_floating(tile.dtype) else tile)
     y = acc.astype(product_dtype).astype(jnp.float32)
     return epilogue.apply(y, tiles, compute_dtype="float32")
 
