@@ -47,8 +47,11 @@ closes over are read at its first trace of a signature, as with ``jax.jit``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import struct
 import warnings
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +65,14 @@ import jax_autotune.config as config
 from jax_autotune.api import dot_general, dot_general_in_context
 from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
+from jax_autotune.module_state import split_modules, with_module_state
+
+try:  # what jax.jit keys its trace cache on (jax 0.10 and 0.11)
+    from jax._src.config import trace_context as _jax_trace_context
+except ImportError:  # pragma: no cover - a jax that moved it: the settings known to matter
+    def _jax_trace_context():
+        return (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision,
+                jax.config.jax_numpy_rank_promotion, jax.config.jax_numpy_dtype_promotion)
 
 _TUNED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 
@@ -90,50 +101,108 @@ def autotune(fn):
     """
     if not callable(fn):
         raise TypeError(f"autotune(fn): fn must be callable, got {type(fn).__name__} {fn!r}")
-    cache = {}
+    plain, stateful = _Traces(fn), _Traces(with_module_state(fn))
 
     @functools.wraps(fn)
     def tuned(*args, **kwargs):
-        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        is_array = tuple(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves)
-        arrays = [x for x, array in zip(leaves, is_array) if array]
-        avals = tuple(jax.typeof(x) for x in arrays)
-        static = tuple((type(x), x) for x, array in zip(leaves, is_array) if not array)
-        key = (in_tree, is_array, static, avals, config.get("context"))
-        try:
-            entry = cache.get(key)
-        except TypeError:  # an unhashable static leaf: traced on every call
-            key = entry = None
-        if entry is None:
-            entry = _trace(fn, in_tree, leaves, is_array, avals)
-            closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in entry[0].consts)
-            if key is not None and not closes_over_tracer:
-                cache[key] = entry
-        closed, out_tree, flat_fn, backwards = entry
-        linearized = reverse_mode(arrays) if config.get("context") == "full" else None
-        if linearized is not None:
-            if linearized not in backwards:  # per signature and differentiated leaves
-                backwards[linearized] = with_tuned_backward(closed, flat_fn, avals, linearized, _rewrite)
-            if backwards[linearized] is not None:
-                return jax.tree_util.tree_unflatten(out_tree, backwards[linearized](*arrays))
-        return jax.tree_util.tree_unflatten(out_tree, jaxpr_as_fun(closed)(*arrays))
+        split = split_modules(args, kwargs)
+        if split is None:
+            return plain(args, kwargs)
+        out, state = stateful((split.graph, split.state, split.args, split.kwargs), {})
+        return split.write_back(out, state)
 
     return tuned
 
 
-def _trace(fn, in_tree, leaves, is_array, avals):
-    """(fn's rewritten ClosedJaxpr over its array leaves, fn's output tree, fn over them,
-    a dict for its tuned backward passes)."""
-    static = [None if array else x for x, array in zip(leaves, is_array)]
+@dataclasses.dataclass
+class _Traced:
+    """One abstract signature of ``fn``: its rewritten jaxpr over the array leaves of the
+    arguments, ``fn`` over those leaves (``flat_fn``, returning its traced outputs), how
+    its result is rebuilt around them, and its tuned backward passes."""
+
+    closed: ClosedJaxpr
+    flat_fn: Callable
+    out_tree: Any
+    out_static: tuple  # per output leaf: None where it is traced, else the value fn returned
+    backwards: dict = dataclasses.field(default_factory=dict)
+
+    def result(self, arrays):
+        it = iter(arrays)
+        leaves = [next(it) if static is _TRACED else static for static in self.out_static]
+        return jax.tree_util.tree_unflatten(self.out_tree, leaves)
+
+
+_TRACED = object()  # marks a traced output leaf in _Traced.out_static
+
+
+class _Traces:
+    """``fn`` called through its rewritten jaxpr, traced once per abstract signature: the
+    tree of the arguments, their array leaves' avals, their other (static) leaves by type
+    and exact value, and the settings a trace depends on (JAX's and ours)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: dict = {}
+
+    def __call__(self, args, kwargs):
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        is_array = tuple(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves)
+        arrays = [x for x, array in zip(leaves, is_array) if array]
+        avals = tuple(jax.typeof(x) for x in arrays)
+        static = tuple(_static_key(x) for x, array in zip(leaves, is_array) if not array)
+        key = (in_tree, is_array, static, avals, _trace_settings())
+        try:
+            traced = self.cache.get(key)
+        except TypeError:  # an unhashable static leaf: traced on every call
+            key = traced = None
+        if traced is None:
+            traced = _trace(self.fn, in_tree, leaves, is_array, avals)
+            closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in traced.closed.consts)
+            if key is not None and not closes_over_tracer:
+                self.cache[key] = traced
+        linearized = reverse_mode(arrays) if config.get("context") == "full" else None
+        if linearized is not None:
+            if linearized not in traced.backwards:  # per signature and differentiated leaves
+                traced.backwards[linearized] = with_tuned_backward(
+                    traced.closed, traced.flat_fn, avals, linearized, _rewrite)
+            if traced.backwards[linearized] is not None:
+                return traced.result(traced.backwards[linearized](*arrays))
+        return traced.result(jaxpr_as_fun(traced.closed)(*arrays))
+
+
+def _static_key(x):
+    """A static leaf as the trace cache tells it apart: by type and exact value, so that
+    ``-0.0`` is not ``0.0``, ``True`` is not ``1`` and ``nan`` finds its own trace."""
+    if isinstance(x, float):
+        return type(x), struct.pack("<d", x)
+    if isinstance(x, complex):
+        return type(x), struct.pack("<dd", x.real, x.imag)
+    return type(x), x
+
+
+def _trace_settings() -> tuple:
+    """What a trace depends on beyond the arguments: JAX's trace-time config (x64, the
+    default matmul precision, ... as ``jax.jit`` keys its cache on them) and our level and
+    context (read when the matmuls are bound)."""
+    return _jax_trace_context(), config.get("level"), config.get("context")
+
+
+def _trace(fn, in_tree, leaves, is_array, avals) -> _Traced:
+    static_in = [None if array else x for x, array in zip(leaves, is_array)]
+    out: dict = {}  # the result's tree and static leaves, from the first trace
 
     def flat_fn(*arrays):
         it = iter(arrays)
         args, kwargs = jax.tree_util.tree_unflatten(
-            in_tree, [next(it) if array else x for x, array in zip(static, is_array)])
-        return fn(*args, **kwargs)
+            in_tree, [next(it) if array else x for x, array in zip(static_in, is_array)])
+        out_leaves, out_tree = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        if not out:  # a leaf that is no tracer (a Python number, a string) is returned as is
+            out["tree"] = out_tree
+            out["static"] = tuple(_TRACED if isinstance(x, jax.core.Tracer) else x for x in out_leaves)
+        return [x for x, static in zip(out_leaves, out["static"]) if static is _TRACED]
 
-    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
-    return _rewrite(closed), jax.tree_util.tree_structure(out_shape), flat_fn, {}
+    closed = jax.make_jaxpr(flat_fn)(*avals)
+    return _Traced(_rewrite(closed), flat_fn, out["tree"], out["static"])
 
 
 def _rewrite(jaxpr):
