@@ -46,10 +46,11 @@ from jax_autotune.registry import has_devices, tuner_for
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
     from jax._src import dispatch
+    from jax._src.interpreters import partial_eval as pe
     from jax._src.interpreters.mlir import lower_with_sharding_in_types
     from jax._src.sharding_impls import canonicalize_sharding
 except ImportError:  # pragma: no cover - depends on the jax version
-    dispatch = lower_with_sharding_in_types = canonicalize_sharding = None
+    dispatch = pe = lower_with_sharding_in_types = canonicalize_sharding = None
 
 matmul_p = Primitive("autotuned_matmul")
 fused_p = Primitive("autotuned_matmul_epilogue")
@@ -236,6 +237,31 @@ def _transpose_rhs(ct, lhs, rhs, *, problem, key, out_sharding):
     return bind_matmul(ct, lhs, new, sharding).astype(rhs.aval.dtype)
 
 
+# ---------------------------------------------------------------- jax.checkpoint
+
+def _remat_rule(saveable, unknowns, instantiated, eqn):
+    """jax.checkpoint's partial evaluation of a tuned op, as of any primitive, except that
+    the policy is asked about the ``lax.dot_general`` the op computes: ``dots_saveable``
+    and the other dot policies save the tuned matmuls as they save lax's dots."""
+    n = len(eqn.outvars)
+    residuals = [v for v, inst in zip(eqn.invars, instantiated) if isinstance(v, pe.Var) and not inst]
+    if any(unknowns):  # staged: known inputs become residuals
+        return None, eqn, [True] * n, [True] * n, residuals
+    problem = eqn.params["problem"]
+    lhs, rhs = (v.aval for v in eqn.invars[:2])
+    (contracting, batch) = dims = dimension_numbers(problem)
+    if problem.batch == 1:  # a canonical batch of one: the dot the user wrote had none
+        lhs, rhs = lhs.update(shape=lhs.shape[1:]), rhs.update(shape=rhs.shape[1:])
+        dims = (tuple(tuple(d - 1 for d in side) for side in contracting), ((), ()))
+    policy = pe.ensure_enum(saveable(
+        lax.dot_general_p, lhs, rhs, dimension_numbers=dims, precision=lax_precision(problem.precision),
+        preferred_element_type=jnp.dtype(problem.out_dtype), out_sharding=eqn.params.get("out_sharding")))
+    if isinstance(policy, pe.SaveableType):  # known, and kept for the backward pass
+        return eqn, None, [False] * n, [False] * n, []
+    # recomputed in the backward pass (also where a policy would offload: not done here)
+    return eqn, eqn, [False] * n, [True] * n, residuals
+
+
 # ---------------------------------------------------------------- vmap
 
 def _batching_rule(args, dims, *, problem, key, out_sharding):
@@ -301,6 +327,8 @@ matmul_p.def_abstract_eval(_abstract_eval)
 ad.defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
 batching.primitive_batchers[matmul_p] = _batching_rule
 fused_p.def_abstract_eval(_fused_abstract_eval)
+if pe is not None:
+    pe.partial_eval_jaxpr_custom_rules[matmul_p] = pe.partial_eval_jaxpr_custom_rules[fused_p] = _remat_rule
 ad.primitive_jvps[fused_p] = _fused_jvp
 batching.primitive_batchers[fused_p] = _fused_batching_rule
 for _primitive in (matmul_p, fused_p):
