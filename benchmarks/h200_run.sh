@@ -3,7 +3,10 @@
 #   tests    the cuBLASLt declarations against its headers; the whole suite on the CPU
 #            platform, beside it the GPU tests; the cold/warm experiment
 #   retest   the GPU kernel and export tests, and the CPU-platform tests named in RETEST_CPU
-#   gpu      the cuBLASLt declarations against its headers and the GPU tests alone
+#   gpu      the cuBLASLt declarations against its headers and the GPU tests alone, on
+#            GPU_TEST_WORKERS processes (default 4)
+#   models   the model conformance suite (tests/models) at real sizes
+#   cold     cold tuned GPT-2-small bf16 training runs (benchmarks/cold_runs.py), COLD_RUNS of them
 #   bench    the GPU suite with its peers
 #   context  the context suite's plain and tuned side (context_suite.py --phase jax)
 #   inductor the context suite's Inductor side, one child per case and variant
@@ -47,8 +50,18 @@ for part in ${parts//,/ }; do
     gpu)
       python3 "$repo/benchmarks/check_cublaslt_abi.py" > "$out/cublaslt_abi.json" 2>&1
       JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout "${GPU_TESTS_TIMEOUT:-300}" "${pytest[@]}" \
-        --durations=12 -m gpu "$repo/tests" > "$out/tests_gpu.log" 2>&1
+        -n "${GPU_TEST_WORKERS:-4}" --durations=12 -m gpu "$repo/tests" > "$out/tests_gpu.log" 2>&1
       echo "exit $?" >> "$out/tests_gpu.log"
+      ;;
+    models)
+      JAX_AUTOTUNE_MODEL_SIZE=real JAX_AUTOTUNE_CACHE_DIR=/tmp/models_cache timeout "${MODELS_TIMEOUT:-300}" \
+        "${pytest[@]}" -n "${MODEL_TEST_WORKERS:-2}" --durations=12 "$repo/tests/models" > "$out/tests_models_real.log" 2>&1
+      echo "exit $?" >> "$out/tests_models_real.log"
+      ;;
+    cold)
+      ( cd "$repo/benchmarks" && timeout "${COLD_TIMEOUT:-540}" python3 cold_runs.py --out "$out" \
+          --runs "${COLD_RUNS:-10}" --parallel "${COLD_PARALLEL:-2}" > "$out/cold_runs.log" 2>&1
+        echo "exit $?" >> "$out/cold_runs.log" )
       ;;
     context)
       ( cd "$repo/benchmarks" && timeout "${CONTEXT_TIMEOUT:-330}" python3 context_suite.py --out "$out" \

@@ -68,7 +68,7 @@ class FakeTimer:
                  real_outputs=False, device_time=True):
         self.scripts = scripts
         self.measures_device_time = device_time  # True: compile a few ahead, like on GPUs
-        self.events: list[tuple[str, str]] = []  # ("prepare" | "sample", name), in order
+        self.events: list[tuple[str, str]] = []  # ("prepare" | "sample" | "release", name), in order
         self.real_outputs = real_outputs
         self.compile_errors = compile_errors or {}
         self.run_errors = run_errors or {}
@@ -76,6 +76,9 @@ class FakeTimer:
         self.clock = clock
         self.prepared: list[str] = []
         self.sampled: list[str] = []
+
+    def release(self):
+        self.events.append(("release", ""))
 
     def prepare(self, candidate, problem, args):
         self.prepared.append(candidate.name)

@@ -214,6 +214,17 @@ class ProbesThatWaitForACompile(FakeProbes):
         return super().peaks_for(problem)
 
 
+def test_each_tuned_key_releases_its_timer_once_after_its_last_measurement(store):
+    timer = FakeTimer({"xla_dot": [3.0], "fast": [1.0], "slow": [2.0]}, real_outputs=True)
+    tuner = make_tuner(store, timer=timer)
+    tuner.select(PROBLEM)
+    assert timer.events[-1] == ("release", "") and timer.events.count(("release", "")) == 1
+    tuner.select(PROBLEM)  # from memory: nothing measured, nothing released
+    assert timer.events.count(("release", "")) == 1
+    tuner.select(dataclasses.replace(PROBLEM, m=64))
+    assert timer.events.count(("release", "")) == 2 and timer.events[-1] == ("release", "")
+
+
 @pytest.mark.parametrize("device_time", [True, False])
 def test_the_baseline_compiles_during_the_probes_only_with_a_device_timer(store, device_time):
     compiling = threading.Event()

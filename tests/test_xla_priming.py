@@ -12,6 +12,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters, xla_priming
 from jax_autotune.tuning.bench import CompileQueue
 from jax_autotune.tuning.candidates import CandidateSetBuilder
+from jax_autotune.tuning.compile_options import TUNER_COMPILER_OPTIONS
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.tuner import Tuner
@@ -258,7 +259,7 @@ def test_compile_primed_is_none_for_a_pair_not_primed_or_a_compile_that_fails(co
     assert xla_priming.compile_primed(fine, P1, XLA, DEVICE) is None and fine.options == []
     xla_priming.prime([(P1, XLA), (P2, XLA)], DEVICE)
     assert xla_priming.compile_primed(fine, P1, XLA, DEVICE) == "executable"
-    assert fine.options == [xla_priming.KEPT_CHOICES_ONLY]
+    assert fine.options == [{**TUNER_COMPILER_OPTIONS, **xla_priming.KEPT_CHOICES_ONLY}]
     missed = Lowered(RuntimeError("NOT_FOUND: Complete autotuning results are required"))
     assert xla_priming.compile_primed(missed, P1, XLA, DEVICE) is None
     assert xla_priming.compile_primed(fine, P1, XLA, None) is None

@@ -413,6 +413,7 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
     finally:
         side.shutdown(wait=True)
         compiles.close()
+        setup.timer.release()
     planned = {c.name for r in plan.runnable for c in r.candidates}
     for name in sorted(planned - set(bench.results)):
         bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")

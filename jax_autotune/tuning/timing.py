@@ -19,6 +19,7 @@ would hide a wrong entry, and the reduction itself is XLA's.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Protocol
@@ -28,8 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_autotune.dtypes import is_integer
 from jax_autotune.tuning import counters, xla_priming
 from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.module_ops import ops
 from jax_autotune.problem import MatmulProblem
@@ -49,6 +52,9 @@ class Timer(Protocol):
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         """Compile ``candidate`` for ``args``; raises what the compiler raises."""
+
+    def release(self) -> None:
+        """A key's measurements are done: let go of what timing holds on the device."""
 
 
 _XLA_DOTS = frozenset({"stablehlo.dot_general", "stablehlo.dot"})
@@ -91,9 +97,9 @@ def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple)
         compiled = xla_priming.compile_primed(lowered, problem, candidate, device_of(args[0]) if args else None)
         if compiled is None:
             with DEVICE_LOCK.exclusive():
-                compiled = lowered.compile()
+                compiled = compile_lowered(lowered)
     else:
-        compiled = lowered.compile()
+        compiled = compile_lowered(lowered)
     counters.bump("candidate_compiles")
     return compiled
 
@@ -153,6 +159,9 @@ class WallClockTimer:
             measurement.reps = int(min(self.max_reps, math.ceil(self.target_seconds / per_rep)))
         return measurement
 
+    def release(self) -> None:
+        pass
+
 
 def compile_repeated(fn, args: tuple):
     """``executable(*args, reps)``: ``fn(*args)`` run ``reps`` times in one loop, returning
@@ -170,7 +179,7 @@ def compile_repeated(fn, args: tuple):
         out = jax.eval_shape(fn, *inputs)
         return lax.fori_loop(0, reps, body, (tuple(inputs), jnp.zeros(out.shape, out.dtype)))[1]
 
-    compiled = jax.jit(run).lower(*args, np.int32(1)).compile()
+    compiled = compile_lowered(jax.jit(run).lower(*args, np.int32(1)))
     counters.bump("candidate_compiles")
     return compiled
 
@@ -210,8 +219,10 @@ class _DeviceMeasurement:
 
 class DeviceTimer:
     """GPU kernel time on the device from JAX's CUPTI profiler (every kernel the
-    executable launches, summed; launch gaps excluded). CUPTI stays attached between
-    measurements, and runs are profiled ``batch`` at a time."""
+    executable launches, summed; launch gaps excluded). CUPTI stays attached between the
+    measurements of one key, and runs are profiled ``batch`` at a time; ``release()``
+    detaches it, so that no program of the user's runs, and no CUDA graph of theirs is
+    destroyed, while CUPTI is attached (XLA itself runs no CUDA graph under a profiler)."""
 
     name = "device_cupti"
     measures_device_time = True  # host load (e.g. compiles in other threads) does not skew it
@@ -221,14 +232,31 @@ class DeviceTimer:
         self.batch = batch
         try:
             self._measure = profiler.Cupti(finalize=False).measure
+            self._detach = profiler.Cupti(finalize=True).measure
         except (AttributeError, TypeError):  # no Cupti class: one session per call
-            self._measure = profiler.measure
+            self._measure = self._detach = profiler.measure
+        self._attached = False
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
+        self._attached = True
         return _DeviceMeasurement(compiled, args, self._measure, self.batch,
                                   _check_executable(candidate, problem, args),
                                   _checked_args(problem, args))
+
+
+    def release(self) -> None:
+        """Detach CUPTI: one more profiled run of a one-element program, that finalizes."""
+        if not self._attached:
+            return
+        with DEVICE_LOCK.exclusive():
+            self._detach(_noop_program())(np.zeros(1, np.float32))
+            self._attached = False
+
+
+@functools.lru_cache(maxsize=1)
+def _noop_program():
+    return compile_lowered(jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((1,), jnp.float32)))
 
 
 def timer_for(platform: str) -> Timer:
@@ -247,9 +275,9 @@ RANDOM_PERIOD = 1_048_573  # a prime: operands larger than this repeat a random 
 def _host_draw(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     dtype = jnp.dtype(dtype)
     size = min(math.prod(shape), RANDOM_PERIOD)
-    if jnp.issubdtype(dtype, jnp.integer):
+    if is_integer(dtype):
         block = rng.integers(1, 8, size).astype(dtype)
-    elif jnp.issubdtype(dtype, jnp.bool_):
+    elif dtype == np.bool_:
         block = np.ones(size, dtype)
     else:
         block = rng.standard_normal(size, np.float32).astype(dtype)

@@ -32,6 +32,7 @@ import jax
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import counters
 from jax_autotune.tuning.candidates import Candidate
+from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 
 Pair = tuple[MatmulProblem, Candidate]
@@ -99,7 +100,7 @@ def _compile_together(pairs: Sequence[Pair], device) -> None:
 
     lowered = jax.jit(every_dot).lower(*specs)
     with DEVICE_LOCK.exclusive():
-        lowered.compile()
+        compile_lowered(lowered)
 
 
 def compile_primed(lowered, problem: MatmulProblem, candidate: Candidate, device):
@@ -109,7 +110,7 @@ def compile_primed(lowered, problem: MatmulProblem, candidate: Candidate, device
     if device is None or not is_primed(problem, candidate, device):
         return None
     try:
-        return lowered.compile(compiler_options=KEPT_CHOICES_ONLY)
+        return compile_lowered(lowered, KEPT_CHOICES_ONLY)
     except Exception:  # noqa: BLE001 - a miss: the caller compiles it with the autotuner
         return None
 
