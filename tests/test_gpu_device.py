@@ -87,6 +87,7 @@ def test_cublaslt_is_loaded_on_a_cuda_gpu():
 ])
 def test_cublaslt_matches_the_f32_reference_with_every_algorithm(batch, m, n, k, dtype, out_dtype,
                                                                  precision, ta, tb):
+    import jax_autotune._native as _native
     from jax_autotune.kernels.gpu import cublaslt
 
     problem = MatmulProblem(batch, m, n, k, dtype, dtype, out_dtype, ta, tb, precision)
@@ -96,12 +97,15 @@ def test_cublaslt_matches_the_f32_reference_with_every_algorithm(batch, m, n, k,
     ref = xla_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), problem, Precision.HIGHEST)
     tol = TOLERANCE[(dtype if dtype == "float32" else "bfloat16",
                      precision if dtype == "float32" else "DEFAULT")]
-    for algorithm in (0, 1, 2, 50):  # 50: past what the heuristic offers, the last one runs
+    last = _native.cublaslt_max_algorithms - 1  # past what the heuristic offers: its last one runs
+    for algorithm in (0, 1, 2, last):
         out = jax.jit(lambda a, b: cublaslt.matmul(a, b, problem, algorithm=algorithm))(lhs, rhs)
         assert out.shape == problem.out_shape and str(out.dtype) == out_dtype
         assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         assert err <= tol, (algorithm, err)
+    with pytest.raises(ValueError, match="algorithm"):  # the handler's range, refused up front
+        cublaslt.matmul(lhs, rhs, problem, algorithm=last + 1)
 
 
 @requires_gpu
