@@ -38,11 +38,14 @@ Left as is:
     (pallas_call kernels, custom_transpose, linear_call, run_state, ...): bound unchanged.
 
 Arguments: array leaves (``jax.Array``, tracers, NumPy arrays and scalars) are traced. Every
-other leaf, Python numbers included, is static and part of the cache key, as with
-``static_argnums``: ``fn`` sees exactly what it was given, so ``jax.jit(autotune(fn),
-static_argnums=...)`` and ``range(n)`` work. Under ``jax.jit`` a Python number that jit
-makes dynamic arrives as a tracer; eagerly, each new value is a new trace. Values ``fn``
-closes over are read at its first trace of a signature, as with ``jax.jit``.
+other leaf, Python numbers included, is static and part of the cache key by type and exact
+value, as with ``static_argnums``: ``fn`` sees exactly what it was given, so
+``jax.jit(autotune(fn), static_argnums=...)`` and ``range(n)`` work. Under ``jax.jit`` a
+Python number that jit makes dynamic arrives as a tracer; eagerly, each new value is a new
+trace. The key also holds JAX's trace-time settings (x64, the default matmul precision) and
+ours. Values ``fn`` closes over are read at its first trace of a signature, as with
+``jax.jit``. flax nnx modules among the arguments get the state ``fn`` writes into them
+(``jax_autotune.module_state``). Outputs that are no arrays come back as ``fn`` returned them.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ class _Traced:
     closed: ClosedJaxpr
     flat_fn: Callable
     out_tree: Any
-    out_static: tuple  # per output leaf: None where it is traced, else the value fn returned
+    out_static: tuple  # per output leaf: _TRACED, or the value fn returned (not an array)
     backwards: dict = dataclasses.field(default_factory=dict)
 
     def result(self, arrays):
