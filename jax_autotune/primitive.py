@@ -249,7 +249,7 @@ def _remat_rule(saveable, unknowns, instantiated, eqn):
         return None, eqn, [True] * n, [True] * n, residuals
     problem = eqn.params["problem"]
     lhs, rhs = (v.aval for v in eqn.invars[:2])
-    (contracting, batch) = dims = dimension_numbers(problem)
+    contracting, _ = dims = dimension_numbers(problem)
     if problem.batch == 1:  # a canonical batch of one: the dot the user wrote had none
         lhs, rhs = lhs.update(shape=lhs.shape[1:]), rhs.update(shape=rhs.shape[1:])
         dims = (tuple(tuple(d - 1 for d in side) for side in contracting), ((), ()))

@@ -94,3 +94,35 @@ def test_cupti_is_detached_once_a_key_is_tuned(fresh_tuning):
     timer = tuner_for("gpu").timer
     assert counters.stats()["tuned"] == 1 and timer.name == "device_cupti"
     assert not timer._attached
+
+
+def test_cupti_is_detached_after_the_last_of_two_keys_measured_at_once(monkeypatch):
+    """Keys are tuned two at a time on a GPU: one key's release must not leave CUPTI
+    attached by the other key's later measurements."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    from jax_autotune.tuning import timing
+
+    events = []
+
+    class FakeCupti:
+        def __init__(self, finalize):
+            self.finalize = finalize
+
+        def measure(self, f, iterations=1):
+            def run(*args):
+                events.append("detach" if self.finalize else "measure")
+                return None, [1.0] * iterations
+            return run
+
+    monkeypatch.setattr(profiler, "Cupti", FakeCupti)
+    monkeypatch.setattr(timing, "_noop_program", lambda: None)
+    timer = timing.DeviceTimer(batch=2)
+    key_a = timing._DeviceMeasurement(None, (), timer._measure, timer.batch)
+    key_b = timing._DeviceMeasurement(None, (), timer._measure, timer.batch)
+    key_a.sample(), key_b.sample()
+    timer.release()  # key a done: detached
+    key_b.sample(), key_b.sample()  # key b measures on: attached again
+    timer.release()
+    timer.release()  # nothing measured since: nothing to detach
+    assert events == ["measure", "measure", "detach", "measure", "detach"]

@@ -231,27 +231,30 @@ class DeviceTimer:
         from jax.experimental.mosaic.gpu import profiler
         self.batch = batch
         try:
-            self._measure = profiler.Cupti(finalize=False).measure
+            self._attach = profiler.Cupti(finalize=False).measure
             self._detach = profiler.Cupti(finalize=True).measure
         except (AttributeError, TypeError):  # no Cupti class: one session per call
-            self._measure = self._detach = profiler.measure
-        self._attached = False
+            self._attach = self._detach = profiler.measure
+        self._attached = False  # measured since the last detach (keys may be tuned two at once)
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
-        self._attached = True
         return _DeviceMeasurement(compiled, args, self._measure, self.batch,
                                   _check_executable(candidate, problem, args),
                                   _checked_args(problem, args))
 
+    def _measure(self, compiled, iterations: int):
+        """CUPTI's measurement of ``compiled`` (called with the device lock held)."""
+        self._attached = True
+        return self._attach(compiled, iterations=iterations)
 
     def release(self) -> None:
-        """Detach CUPTI: one more profiled run of a one-element program, that finalizes."""
-        if not self._attached:
-            return
+        """Detach CUPTI if anything was measured since it was last detached: one more
+        profiled run of a one-element program, that finalizes."""
         with DEVICE_LOCK.exclusive():
-            self._detach(_noop_program())(np.zeros(1, np.float32))
-            self._attached = False
+            if self._attached:
+                self._detach(_noop_program())(np.zeros(1, np.float32))
+                self._attached = False
 
 
 @functools.lru_cache(maxsize=1)
