@@ -68,6 +68,7 @@ import jax_autotune.config as config
 from jax_autotune.api import dot_general, dot_general_in_context
 from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
+from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
 
 try:  # what jax.jit keys its trace cache on (jax 0.10 and 0.11)
@@ -238,7 +239,7 @@ def _eval(closed, *args):
 
     found = {} if config.get("context") == "off" else regions(
         closed.jaxpr, {i: dot_labels(e.params["dimension_numbers"], *(v.aval.ndim for v in e.invars))
-                       for i, e in enumerate(eqns) if _has_context(e)})
+                       for i, e in enumerate(eqns) if _has_context(e)}, keeps_values=taken_by_value)
     deferred = {i for r in found.values() for i in (r.head, *r.members[:-1])}
     at_last = {r.last: r for r in found.values()}
     for index, eqn in enumerate(eqns):

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import re
+from typing import Any, Callable
 
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import DropVar, Literal, Var
 
-from jax_autotune.dtypes import is_integer
+from jax_autotune.dtypes import is_floating, is_integer
 from jax_autotune.epilogue import BARE as BARE_EPILOGUE
 from jax_autotune.epilogue import ELEMENTWISE_ARITY, MAX_OPS, REDUCTIONS, Epilogue, Op, Operand
 
@@ -37,6 +38,7 @@ _ELEMENTWISE["add_any"] = "add"
 _COMMUTATIVE = frozenset({"add", "mul", "max", "min", "eq", "ne"})
 _SHAPE_OPS = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
 _JIT = frozenset({"jit", "pjit"})
+_FLOAT_LITERAL = re.compile(r"^-?(inf|nan|\d[\d.e+-]*):b?float\w*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Region:
     epilogue: Epilogue
     operands: tuple[OperandUse, ...]
     swap: bool = False  # a transpose after the dot: run the dot with lhs and rhs swapped
+    literals: bool = False  # the epilogue holds float literals by value
 
     @property
     def last(self) -> int:
@@ -87,9 +90,16 @@ def dot_labels(dimension_numbers, lhs_ndim: int, rhs_ndim: int) -> str:
     return "b" * len(lb) + "m" * free_lhs + "n" * free_rhs
 
 
-def regions(jaxpr, heads: dict[int, str]) -> dict[int, Region]:
+def regions(jaxpr, heads: dict[int, str],
+            keeps_values: Callable[[Epilogue], bool] | None = None) -> dict[int, Region]:
     """The region of each head (equation index -> labels of its result's dims) that has an
-    epilogue; heads without one are left out."""
+    epilogue; heads without one are left out.
+
+    ``keeps_values``: None keeps every literal's value in the epilogue (``0.5:float32``);
+    otherwise a float literal is a scalar operand (its dtype and role in the key, its value
+    read at run time, so a new hyperparameter value is the same key), except in an epilogue
+    for which ``keeps_values`` (given the epilogue with its values) is true: one a kernel
+    takes by those values, as cuBLASLt takes ``jax.nn.gelu``'s constants."""
     uses: dict[Any, list[int]] = {}
     for index, eqn in enumerate(jaxpr.eqns):
         for atom in eqn.invars:
@@ -99,14 +109,17 @@ def regions(jaxpr, heads: dict[int, str]) -> dict[int, Region]:
     claimed: set[int] = set()
     found = {}
     for head, labels in sorted(heads.items()):
-        region = _grow(jaxpr.eqns, head, labels, uses, outputs, claimed)
+        region = _grow(jaxpr.eqns, head, labels, uses, outputs, claimed, False)
+        if (region is not None and keeps_values is not None and region.literals
+                and not keeps_values(region.epilogue)):
+            region = _grow(jaxpr.eqns, head, labels, uses, outputs, claimed, True)
         if region is not None:
             claimed.update(region.members)
             found[head] = region
     return found
 
 
-def _grow(eqns, head: int, labels: str, uses, outputs, claimed) -> Region | None:
+def _grow(eqns, head: int, labels: str, uses, outputs, claimed, literal_operands: bool) -> Region | None:
     y = eqns[head].outvars[0]
     if y in outputs:
         return None
@@ -120,7 +133,7 @@ def _grow(eqns, head: int, labels: str, uses, outputs, claimed) -> Region | None
     shape = tuple(y.aval.shape)
     if len(labels) != len(shape) or not _general(shape, labels):
         return None
-    builder = _Builder(shape, labels)
+    builder = _Builder(shape, labels, literal_operands)
     values: dict[Any, _Value] = {y: _Value("y", shape, "full")}
     members: list[tuple[int, int, int, int]] = []  # (eqn index, ops, operands, values) before it
     for index in range(first + 1, len(eqns)):
@@ -161,7 +174,8 @@ def _grow(eqns, head: int, labels: str, uses, outputs, claimed) -> Region | None
         return None
     epilogue = Epilogue(tuple(u[0] for u in builder.operands), tuple(builder.ops))
     return Region(head, (first,) * swap + tuple(m[0] for m in members), output, epilogue,
-                  tuple(u[1] for u in builder.operands), swap)
+                  tuple(u[1] for u in builder.operands), swap,
+                  any(_FLOAT_LITERAL.match(a) for op in builder.ops for a in op.args))
 
 
 def _swaps_groups(eqn, labels: str) -> bool:
@@ -183,7 +197,8 @@ def _general(shape, labels) -> bool:
 class _Builder:
     """The epilogue's ops and operands as a region grows; equation by equation."""
 
-    def __init__(self, shape, labels):
+    def __init__(self, shape, labels, literal_operands: bool = False):
+        self.literal_operands = literal_operands  # float literals as scalar operands
         self.full = tuple(shape)
         self.labels = tuple(labels)
         self.reduced = tuple(d for d, l in zip(shape, labels) if l != "n")
@@ -248,6 +263,8 @@ class _Builder:
 
     def _arg(self, atom, shape, values) -> str:
         if isinstance(atom, Literal):
+            if self.literal_operands and is_floating(atom.aval.dtype) and atom.aval.shape == ():
+                return self._operand(atom, shape)
             return _literal(atom)
         if atom in values:
             return values[atom].ref
@@ -409,8 +426,8 @@ def _squeezed(shape) -> tuple[int, ...]:
 def canonical_operand(x, use: OperandUse, batch: int, m: int, n: int):
     """An operand value as the jaxpr holds it, in its role's canonical shape:
     scalar (), row (n,), col (batch, m), full (batch, m, n)."""
-    if use.role == "scalar":
-        return jnp.reshape(x, ())
+    if use.role == "scalar":  # a literal's value (a Python float) in the literal's dtype
+        return jnp.reshape(jnp.asarray(x, use.atom.aval.dtype), ())
     keep = {"row": {"n"}, "col": {"b", "m"}, "full": {"b", "m", "n"}}[use.role]
     target = tuple(a if l in keep else 1 for a, l in zip(use.against, use.labels))
     if tuple(x.shape) != target:

@@ -189,6 +189,19 @@ class Epilogue:
         """No reduction and no broadcast: the result is (batch, m, n), entry by entry."""
         return not self.reduces and not any(op.name == "broadcast" for op in self.ops)
 
+    def scalars_as_rows(self) -> "Epilogue":
+        """The same elementwise epilogue with its scalar operands read as rows, for a kernel
+        that loads rows and not scalars (pass each scalar broadcast to ``(n,)``); elementwise
+        ops give the same values either way.
+
+            >>> str(Epilogue.parse("scalar:float32|mul(y,$0)").scalars_as_rows())
+            'row:float32|mul(y,$0)'
+        """
+        if not self.elementwise:
+            raise ValueError(f"epilogue {self}: only an elementwise epilogue reads scalars as rows")
+        return Epilogue(tuple(Operand("row", o.dtype) if o.role == "scalar" else o for o in self.operands),
+                        self.ops)
+
     def operand_shapes(self, batch: int, m: int, n: int) -> tuple[tuple[int, ...], ...]:
         return tuple(o.shape(batch, m, n) for o in self.operands)
 

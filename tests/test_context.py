@@ -230,3 +230,44 @@ def test_warmup_of_an_autotuned_function_tunes_its_context_keys(fresh_tuning):
     before = jat.stats()["tuned"]
     jax.jit(jax.grad(jat.autotune(loss))).lower(PARAMS, XS).compile()
     assert jat.stats()["tuned"] == before
+
+
+# ---------------------------------------------------------------- constants in keys
+
+def scaled(scale):
+    return lambda x, w: jnp.tanh(x @ w) * scale
+
+
+def test_a_float_literal_enters_the_key_as_a_scalar_operand_and_its_value_at_run_time(fresh_tuning):
+    (one,), (other,) = tuned_keys(jat.autotune(scaled(10.0)), X, W), tuned_keys(jat.autotune(scaled(12.5)), X, W)
+    assert one == other and str(one.epilogue) == "scalar:float32|tanh(y);mul(%0,$0)"
+    for scale in (10.0, 12.5, -0.0):
+        np.testing.assert_allclose(jax.jit(jat.autotune(scaled(scale)))(X, W), scaled(scale)(X, W), **F32)
+
+
+def test_a_changed_scalar_hyperparameter_tunes_nothing_new(fresh_tuning):
+    jat.warmup(jat.autotune(scaled(10.0)), X, W)
+    before = jat.stats()["tuned"]
+    for scale in (12.5, 3.0):
+        jax.jit(jat.autotune(scaled(scale))).lower(X, W).compile()
+    assert before >= 1 and jat.stats()["tuned"] == before
+
+
+def test_an_eager_python_scalar_and_a_jitted_one_are_one_key(fresh_tuning):
+    def f(x, w, scale):
+        return jnp.tanh(x @ w) * scale
+    eager = tuned_keys(lambda x, w: jat.autotune(f)(x, w, 3.0), X, W)
+    jitted = tuned_keys(jat.autotune(f), X, W, 3.0)  # the scale a (weak) traced scalar
+    assert eager == jitted and len(eager) == 1
+
+
+def test_the_literals_a_kernel_takes_by_value_stay_values(fresh_tuning):
+    """cuBLASLt's GELU is jax.nn.gelu's constants: that epilogue keeps them."""
+    (key,) = tuned_keys(jat.autotune(lambda x, w, b: jax.nn.gelu(x @ w + b)), X, W, B)
+    assert key.epilogue.operands[0].role == "row" and len(key.epilogue.operands) == 1
+    assert "0.044714998" in str(key.epilogue)
+    bf16 = [jnp.asarray(a, jnp.bfloat16) for a in (X, W)]
+    (key,) = tuned_keys(jat.autotune(lambda x, w: (x @ w) * 0.125), *bf16)  # a bf16 literal
+    assert str(key.epilogue) == "scalar:bfloat16|mul(y,$0)"
+    np.testing.assert_allclose(np.float32(jax.jit(jat.autotune(lambda x, w: (x @ w) * 0.125))(*bf16)),
+                               np.float32((bf16[0] @ bf16[1]) * 0.125), rtol=1e-2, atol=1e-2)

@@ -475,3 +475,22 @@ def test_explain_says_which_cublaslt_this_process_loaded(fresh_tuning, capsys):
     assert "cublaslt   not loaded: no CUDA device in this process" in lines  # on this CPU host
     assert not any(line.startswith("cublaslt ") for line in explain_lines(
         "gpu-H200-mem139", dataclasses.replace(decision, winner="xla_dot", results=())))
+
+
+def test_the_tiled_gemm_applies_an_epilogue_with_scalar_operands_as_rows():
+    """Literals enter keys as scalar operands: the Triton GEMM loads them as rows and
+    computes what the float64 reference does, beside a row and a column operand."""
+    from jax_autotune.epilogue import Epilogue
+    from jax_autotune.kernels.gpu.epilogues import triton_takes
+
+    epilogue = Epilogue.parse("scalar:float32,row:float32,col:float32,scalar:float32|"
+                              "mul(y,$0);add(%0,$1);tanh(%1);mul(%2,$2);add(%3,$3);sub(%4,$0)")
+    assert triton_takes(epilogue)
+    p = dataclasses.replace(problem(2, 33, 65, 17), epilogue=epilogue)
+    lhs, rhs = operands(p, seed=5)
+    rng = np.random.default_rng(6)
+    extra = (np.float32(0.37), rng.standard_normal(65).astype("float32"),
+             rng.standard_normal((2, 33)).astype("float32"), np.float32(-2.5))
+    out = gemm(lhs, rhs, p, SMALL, *extra, interpret=True)
+    want = epilogue.reference(reference(lhs, rhs, p), extra)
+    assert rel_error(out, want) < 1e-5

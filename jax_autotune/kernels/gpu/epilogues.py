@@ -5,8 +5,8 @@
   ``jax.nn.gelu``'s default), a residual without an activation. An epilogue is matched
   against templates captured from those very jax functions (``jax_autotune.context``), at
   the key's dtype, so it is taken exactly when the program computes the same thing.
-* The Pallas Triton GEMM (``triton_takes``): any elementwise epilogue whose operands are
-  rows, columns or full arrays, applied to each tile in f32 before its store.
+* The Pallas Triton GEMM (``triton_takes``): any elementwise epilogue (operands of every
+  role: scalars, rows, columns, full arrays), applied to each tile in f32 before its store.
 
     >>> cublaslt_form(Epilogue.parse("row:bfloat16|add(y,$0);relu(%0)"), "bfloat16")
     CublasLtForm(bias=0, residual=None, activation='relu')
@@ -24,7 +24,7 @@ from jax import lax
 from jax_autotune.context import dot_labels, regions
 from jax_autotune.epilogue import Epilogue
 
-_TRITON_ROLES = frozenset({"row", "col", "full"})
+_TRITON_ROLES = frozenset({"scalar", "row", "col", "full"})
 
 
 class CublasLtForm(NamedTuple):
@@ -46,6 +46,18 @@ def cublaslt_form(epilogue: Epilogue, out_dtype: str) -> CublasLtForm | None:
     if epilogue.is_bare or not epilogue.elementwise or any(o.dtype != out_dtype for o in epilogue.operands):
         return None
     return _templates(out_dtype).get(str(epilogue))
+
+
+def taken_by_value(epilogue: Epilogue) -> bool:
+    """Whether a fused kernel takes ``epilogue`` by the values of its literals (cuBLASLt's
+    GELU, ``jax.nn.gelu``'s constants), at any float dtype: such an epilogue keeps them in
+    its key (``jax_autotune.context.regions``' ``keeps_values``).
+
+        >>> taken_by_value(Epilogue.parse("|mul(y,0.5:float32)"))
+        False
+    """
+    floats = ("bfloat16", "float16", "float32") + ("float64",) * bool(jax.config.jax_enable_x64)
+    return any(str(epilogue) in _templates(dtype) for dtype in floats)
 
 
 _ACTIVATIONS: dict[str, Callable] = {"none": lambda x: x, "relu": jax.nn.relu,
@@ -80,4 +92,4 @@ def _captured(fn, dtype: str, *roles: str) -> Epilogue:
     return found[head].epilogue
 
 
-__all__ = ["CublasLtForm", "cublaslt_form", "triton_takes"]
+__all__ = ["CublasLtForm", "cublaslt_form", "taken_by_value", "triton_takes"]

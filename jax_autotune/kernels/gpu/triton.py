@@ -282,7 +282,7 @@ def _epilogue_tile(acc, epilogue, operand_refs, m0, n0, bm: int, bn: int, produc
             tile = load_vector(ref, n0, bn)
         elif operand.role == "col":
             tile = load_vector(ref, m0, bm)
-        else:  # full; scalars are not taken (``kernels.gpu.epilogues``)
+        else:  # full; scalars come as rows (``gemm_call``)
             tile = load_tile(ref, m0, n0, bm, bn)
         tiles.append(tile.astype(jnp.float32) if is_floating(tile.dtype) else tile)
     y = acc.astype(product_dtype).astype(jnp.float32)
@@ -310,6 +310,10 @@ def gemm_call(lhs, rhs, config: GemmConfig, *, out_shape, out_dtype, a_transpose
     if fused and (split > 1 or not epilogue.elementwise):
         raise ValueError(f"gemm_call: an epilogue is applied in the kernel only when it is "
                          f"elementwise and k is not split, got {epilogue} with split_k {split}")
+    if fused and any(o.role == "scalar" for o in epilogue.operands):  # loaded as rows
+        operands = tuple(jnp.broadcast_to(x, (n,)) if o.role == "scalar" else x
+                         for o, x in zip(epilogue.operands, operands))
+        epilogue = epilogue.scalars_as_rows()
     kernel = functools.partial(_gemm_kernel, k=k, a_transposed=a_transposed,
                                b_rhs_major=b_rhs_major, precision=precision, config=config,
                                epilogue=epilogue if fused else None, product_dtype=jnp.dtype(out_dtype))
