@@ -142,6 +142,9 @@ def _jaxprs_in(value) -> Iterable[Any]:
 def _problems_of_shapes(shapes, dtype, precision, transpose_a, transpose_b) -> list[MatmulProblem]:
     problems = []
     for index, shape in enumerate(shapes):
+        if isinstance(shape, MatmulProblem):  # exactly this matmul and epilogue (KeyNotTunedError names one)
+            problems.append(shape)
+            continue
         if isinstance(shape, (tuple, list)) and len(shape) == 2 and all(hasattr(s, "shape") for s in shape):
             lhs, rhs = shape
         elif isinstance(shape, (tuple, list)) and len(shape) in (3, 4) and all(
@@ -152,8 +155,8 @@ def _problems_of_shapes(shapes, dtype, precision, transpose_a, transpose_b) -> l
             rhs = jax.ShapeDtypeStruct((*lead, n, k) if transpose_b else (*lead, k, n), dtype)
         else:
             raise ValueError(f"warmup: shapes[{index}] = {shape!r}; expected (m, n, k), "
-                             f"(batch, m, n, k) of positive ints, or a (lhs, rhs) pair of "
-                             f"jax.ShapeDtypeStruct")
+                             f"(batch, m, n, k) of positive ints, a (lhs, rhs) pair of "
+                             f"jax.ShapeDtypeStruct, or a jax_autotune.MatmulProblem")
         problems.append(problem_for(lhs, rhs, transpose_a=transpose_a, transpose_b=transpose_b,
                                     precision=precision))
     return problems
@@ -173,6 +176,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``.
 
         >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
+        >>> jat.warmup([jat.MatmulProblem(1, 64, 32, 48, "bfloat16", "bfloat16", "float32")])
         >>> jat.warmup(jat.autotune(loss_fn), params, batch, grad=True)
 
     A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a

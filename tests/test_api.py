@@ -204,6 +204,38 @@ def test_mode_require_fails_at_compile_time_naming_the_key_until_warmed_up(fresh
     assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < TOL["float32"]
 
 
+PROGRAMS_TO_REQUIRE = {  # name: (fn, argument shapes and dtypes)
+    "bare": (lambda a, b: jat.matmul(a, b), [((21, 31), "float32"), ((31, 11), "float32")]),
+    "highest": (lambda a, b: jat.matmul(a, b, precision="highest"), [((21, 31), "float32"), ((31, 11), "float32")]),
+    "bf16 into f32": (lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                                   preferred_element_type=jnp.float32),
+                      [((21, 31), "bfloat16"), ((31, 11), "bfloat16")]),
+    "in context": (lambda a, b, c: jnp.tanh(a @ b + c) * 3.0,
+                   [((21, 31), "float32"), ((31, 11), "float32"), ((11,), "float32")]),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS_TO_REQUIRE))
+def test_the_call_a_require_miss_names_tunes_exactly_the_missing_key(fresh_tuning, name):
+    """Run as pasted, the warmup call in a KeyNotTunedError tunes the key it is about."""
+    import re
+
+    fn, specs = PROGRAMS_TO_REQUIRE[name]
+    args = [rand(shape, dtype) for shape, dtype in specs]
+    program = jax.jit(jat.autotune(fn))
+    config.update("mode", "require")
+    with pytest.raises(jat.KeyNotTunedError) as info:
+        program(*args)
+    call = re.search(r"Pre-tune it with (jax_autotune\.warmup\(.*?\)) \(in mode 'tune'\)", str(info.value))
+    assert call, str(info.value)
+    config.update("mode", "tune")
+    report = eval(call.group(1), {"jax_autotune": jat})  # noqa: S307 - the message's own call
+    assert len(report) == 1 and report.entries[0].key.canonical() in str(info.value)
+    config.update("mode", "require")
+    jax.clear_caches()
+    np.testing.assert_allclose(np.float32(program(*args)), np.float32(fn(*args)), rtol=2e-2, atol=2e-2)
+
+
 def test_warmup_with_grad_leaves_the_train_step_with_zero_tunings(fresh_tuning):
     params = {"w1": rand((16, 32)) * 0.2, "w2": rand((32, 4)) * 0.2}
     batch = rand((8, 16))

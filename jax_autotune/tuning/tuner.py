@@ -45,7 +45,7 @@ import jax
 import jax_autotune.config as config
 from jax_autotune.errors import ConsensusWarning, KeyNotTunedError
 from jax_autotune.key import MatmulKey
-from jax_autotune.problem import MatmulProblem
+from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.tuning import counters, export_choice, progress, xla_priming
 from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
@@ -326,9 +326,33 @@ class Tuner:
 
 
 def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:
-    shape = (problem.batch, problem.m, problem.n, problem.k)
     return (f"jax_autotune: mode 'require' and no tuned decision for key [{key.canonical()}]. "
-            f"Pre-tune it with jax_autotune.warmup([{shape}], dtype={problem.lhs_dtype!r}, "
-            f"transpose_a={problem.transpose_a}, transpose_b={problem.transpose_b}, "
-            f"precision={problem.precision.value!r}) or jax_autotune.warmup(fn, *example_args), "
-            f"or load a tune table with jax_autotune.load_table(path).")
+            f"Pre-tune it with {tuning_call(key, problem, config.get('level'))} (in mode 'tune'), or "
+            f"jax_autotune.warmup(fn, *example_args) with the jat.autotune(...) function this "
+            f"compile runs, or load a tune table with jax_autotune.load_table(path).")
+
+
+def tuning_call(key: MatmulKey, problem: MatmulProblem, level: str) -> str:
+    """A ``warmup`` call, as Python source, that tunes exactly ``key``: by shapes where
+    they give this key, else by the problem itself (its epilogue, out dtype, ...).
+
+        >>> tuning_call(problem.key("balanced"), problem, "balanced")
+        "jax_autotune.warmup([(1, 1024, 1024, 1024)], dtype='float32', ...)"
+    """
+    shape = (problem.batch, problem.m, problem.n, problem.k)
+    # lax's words: 'highest' is a level, 'HIGHEST'-like names are algorithm presets
+    precision = problem.precision.value.lower() if problem.precision.algorithm is None else problem.precision.value
+    options = (f"dtype={problem.lhs_dtype!r}, transpose_a={problem.transpose_a}, "
+               f"transpose_b={problem.transpose_b}, precision={precision!r}")
+    try:
+        by_shapes = problem_for(jax.ShapeDtypeStruct(problem.lhs_shape, problem.lhs_dtype),
+                                jax.ShapeDtypeStruct(problem.rhs_shape, problem.rhs_dtype),
+                                transpose_a=problem.transpose_a, transpose_b=problem.transpose_b,
+                                precision=precision)
+        if by_shapes.key(level) == key:
+            return f"jax_autotune.warmup([{shape}], {options})"
+    except Exception:  # noqa: BLE001 - a message never fails: the exact form below
+        pass
+    fields = (*shape, problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype, problem.transpose_a,
+              problem.transpose_b, problem.precision.value, str(problem.epilogue))
+    return f"jax_autotune.warmup([jax_autotune.MatmulProblem{fields!r}])"
