@@ -4,8 +4,10 @@
     >>> report = jat.warmup(train_step, params, batch, grad=True)
     >>> print(report)            # per key: winner, its time, XLA dot's time, source
 
-``warmup(fn, *args)`` traces ``fn`` (and ``jax.grad`` of its first output with respect
-to its first argument when ``grad=True``), walks every nested jaxpr (pjit, scan, while,
+``warmup(fn, *args)`` traces ``fn`` (with ``grad=True``, instead, the training step:
+``jax.value_and_grad`` of its first output with respect to its first argument, whose
+forward matmuls have other contexts than ``fn``'s alone: values the backward keeps end
+them; warm up an evaluation step with its own call), walks every nested jaxpr (pjit, scan, while,
 cond, custom_vjp/jvp, remat, shard_map) and tunes each matmul key it finds, so that
 compiling ``fn`` afterwards tunes nothing. When an argument is sharded over several
 devices, the keys a compile asks for are per-shard keys that only XLA's partitioner
@@ -179,17 +181,18 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         >>> jat.warmup([jat.MatmulProblem(1, 64, 32, 48, "bfloat16", "bfloat16", "float32")])
         >>> jat.warmup(jat.autotune(loss_fn), params, batch, grad=True)
 
-    A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
+    ``grad=True``: the keys of the training step (value and gradient) only, not those of
+    ``fn`` run alone. A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
     ``NoTunedMatmulWarning`` naming the fix, ``jat.warmup(jat.autotune(fn), ...)``.
     ``progress``: a bar over the keys on stderr (default: the ``progress`` setting, which
     shows it on a terminal); meanwhile no key shows a line of its own.
     """
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
-        if grad:
+        if grad:  # a training step's keys: its forward under autodiff is not fn's alone
             if not example_args:
                 raise ValueError("warmup(fn, *example_args, grad=True) needs example arguments")
-            fns.append(jax.grad(_first_output(shapes_or_fn)))
+            fns = [jax.value_and_grad(_first_output(shapes_or_fn))]
         if _spans_devices(example_args):
             report = _warmup_by_compiling(fns, example_args)
             if not report.entries:

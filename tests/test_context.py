@@ -271,3 +271,33 @@ def test_the_literals_a_kernel_takes_by_value_stay_values(fresh_tuning):
     assert str(key.epilogue) == "scalar:bfloat16|mul(y,$0)"
     np.testing.assert_allclose(np.float32(jax.jit(jat.autotune(lambda x, w: (x @ w) * 0.125))(*bf16)),
                                np.float32((bf16[0] @ bf16[1]) * 0.125), rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------- warmup tunes what a step compiles
+
+def test_warmup_with_grad_tunes_exactly_the_keys_the_training_step_compiles(fresh_tuning):
+    """Not the forward-alone keys: under autodiff the values the backward keeps end contexts."""
+    from jax_autotune.tuning.tuner import record_decisions
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(jax.nn.gelu(nn.Dense(24)(x)))
+            h = jax.nn.softmax(jnp.einsum("btd,bsd->bts", h, h) / 8.0) @ h
+            return nn.Dense(10)(nn.Dense(16)(h) + x)
+
+    model, x = Block(), rand(50, 4, 9, 16)
+    params = model.init(jax.random.PRNGKey(0), x)
+    labels = jnp.asarray(np.arange(36).reshape(4, 9) % 10, jnp.int32)
+
+    def ce(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+    step = jat.autotune(ce)
+    warmed = {e.key for e in jat.warmup(step, params, x, labels, grad=True)}
+    tuned = jat.stats()["tuned"]
+    for train in (jax.value_and_grad(step), jax.grad(step)):
+        with record_decisions() as asked:
+            jax.jit(train).lower(params, x, labels).compile()
+        assert {d.key for d in asked} == warmed
+    assert jat.stats()["tuned"] == tuned == len(warmed)
