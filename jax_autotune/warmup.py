@@ -215,7 +215,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         offset = len(work) * job.process_index // job.process_count
         work = work[offset:] + work[:offset]
     first_problem: dict[MatmulKey, MatmulProblem] = {}
-    for problem, key in work:
+    # bare keys first: a context key then skips what lost on its bare product (tuning.reuse)
+    for problem, key in sorted(work, key=lambda pair: not pair[1].epilogue.is_bare):
         first_problem.setdefault(key, problem)
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet

@@ -447,3 +447,44 @@ def test_a_context_keys_decision_is_stored_and_read_back_under_its_own_key(store
     again = make_tuner(store).select(IN_CONTEXT)
     assert again.source == "store" and again.winner == "xla_dot"
     assert make_tuner(store).lookup(PROBLEM.key()) is None  # the bare key is another one
+
+
+def test_a_context_key_does_not_time_again_what_lost_its_bare_product_by_a_wide_margin(store):
+    """Bare: xla 3, fast 2, slow 4 (2x the best, over the 1.5x reuse ratio)."""
+    timer = FakeTimer(custom_call_loses_its_fusion, real_outputs=True)
+    tuner = make_tuner(store, timer=timer)
+    tuner.select(PROBLEM)
+    timer.prepared.clear(), timer.sampled.clear()
+    in_context = tuner.select(IN_CONTEXT)
+    assert "slow" not in timer.prepared + timer.sampled and {"xla_dot", "fast"} <= set(timer.sampled)
+    skipped = in_context.result("slow")
+    assert skipped.outcome == "skipped" and "lost by 2.00x to fast" in skipped.error
+    assert PROBLEM.key().canonical()[:60] in skipped.error
+
+
+@pytest.mark.parametrize("rules, bare_first", [(TuningRules(), False), (TuningRules(reuse_ratio=None), True),
+                                               (TuningRules(reuse_ratio=2.5), True)])
+def test_every_candidate_is_timed_without_a_bare_tuning_or_a_wide_enough_loss(store, rules, bare_first):
+    timer = FakeTimer(custom_call_loses_its_fusion, real_outputs=True)
+    tuner = make_tuner(store, timer=timer)
+    tuner.rules = rules
+    if bare_first:
+        tuner.select(PROBLEM)
+    timer.sampled.clear()
+    assert tuner.select(IN_CONTEXT).result("slow").outcome == "ok" and "slow" in timer.sampled
+
+
+def test_a_fused_candidate_is_judged_by_its_products_kernel_and_a_wrong_one_stays_out(store):
+    fused = dataclasses.replace(fake_candidate("slow_fused"), product="slow",
+                                supports=lambda device, key: not key.epilogue.is_bare)
+    cset = candidate_set([("g", 1)], [(fake_candidate("fast"), [("g", 1)]), (fake_candidate("slow"), [("g", 1)]),
+                                      (fake_candidate("bad"), [("g", 1)]), (fused, [("g", 1)])])
+    scripts = {"xla_dot": [3.0], "fast": [2.0], "slow": [4.0], "bad": [1.0], "slow_fused": [1.0]}
+    timer = FakeTimer(scripts, real_outputs=True, wrong={"bad"})
+    tuner = make_tuner(store, cset=cset, timer=timer)
+    assert tuner.select(PROBLEM).result("bad").outcome == "wrong_result"
+    timer.prepared.clear()
+    in_context = tuner.select(IN_CONTEXT)
+    assert {"slow", "slow_fused", "bad"}.isdisjoint(timer.prepared)
+    assert "wrong_result on the same product" in in_context.result("bad").error
+    assert "lost by 2.00x" in in_context.result("slow_fused").error and in_context.winner == "fast"

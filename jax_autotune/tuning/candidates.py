@@ -57,6 +57,8 @@ class Candidate:
     xla_autotuned: bool = False
     # fn(lhs, rhs, problem, *operands) applies problem.epilogue itself (before its store)
     applies_epilogue: bool = False
+    # a fused variant: the candidate whose product it computes (``tuning.reuse``); not hashed
+    product: str = ""
 
     def runs(self, device: DeviceInfo, key: MatmulKey) -> bool:
         """``supports(device, key)``, a rule that raises read as: not supported.

@@ -58,6 +58,12 @@ class Plan:
         """The rounds to benchmark: every round but the demoted one."""
         return tuple(r for r in self.rounds if r.group != DEMOTED)
 
+    def without(self, names) -> "Plan":
+        """The plan with the named candidates left out (a round left empty goes too)."""
+        rounds = (dataclasses.replace(r, candidates=tuple(c for c in r.candidates if c.name not in names))
+                  for r in self.rounds)
+        return dataclasses.replace(self, rounds=tuple(r for r in rounds if r.candidates))
+
     @property
     def unsupported(self) -> tuple[Candidate, ...]:
         """The demoted candidates: the device cannot run them for this key."""

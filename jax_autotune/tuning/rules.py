@@ -29,6 +29,9 @@ class TuningRules:
     # a candidate estimated slower than this x the best measured time is not compiled
     # (``skipped``); None: every candidate of a round is compiled
     cost_skip_ratio: float | None = 1.3
+    # a context key skips the kernels that lost by over this x the best in every earlier
+    # tuning of its product (``tuning.reuse``); None: every candidate is timed
+    reuse_ratio: float | None = 1.5
     claim_lease_seconds: float = 15.0  # a key's claim in a shared store lapses after this (renewed while tuning)
     peer_wait_seconds: float | None = None  # waiting for another process's decision; None: 3 x budget + 60 s
 
@@ -45,6 +48,8 @@ class TuningRules:
             raise ValueError("TuningRules: need 1 <= min_samples <= max_samples")
         if self.prune_ratio <= 1.0:
             raise ValueError("TuningRules: prune_ratio must be > 1")
+        if self.reuse_ratio is not None and self.reuse_ratio <= 1.0:
+            raise ValueError("TuningRules: reuse_ratio must be > 1 or None")
         if self.cost_skip_ratio is not None and self.cost_skip_ratio < 1.0:
             raise ValueError("TuningRules: cost_skip_ratio must be >= 1 or None")
 

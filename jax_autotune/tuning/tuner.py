@@ -46,7 +46,7 @@ import jax_autotune.config as config
 from jax_autotune.errors import ConsensusWarning, KeyNotTunedError
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem, problem_for
-from jax_autotune.tuning import counters, export_choice, progress, xla_priming
+from jax_autotune.tuning import counters, export_choice, progress, reuse, xla_priming
 from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
 from jax_autotune.tuning.consensus import current_job, decide_in_job, decide_on_host, job_key
@@ -292,6 +292,9 @@ class Tuner:
         if not plan.runnable:  # nothing to compare: XLA's dot, without a benchmark or probes
             return Decision(winner=plan.baseline.name, results=tuple(unsupported.values()),
                             reason=plan.reason or "no other candidate can run this key", **fields)
+        ruled_out = self._ruled_out(key, plan)
+        plan = plan.without(ruled_out)
+        unsupported.update(ruled_out)
         budget = self._budget()
         counters.bump("tuned")
         setup = Setup(self.device, self._jax_device(), self.timer, self.probes, self.rules, self.clock,
@@ -314,6 +317,18 @@ class Tuner:
             return Decision(winner=plan.baseline.name, reason=f"no candidate produced a valid timing{why}",
                             **details, **{**fields, "source": "fallback"})
         return Decision(winner=outcome.winner, **details, **fields)
+
+    def _ruled_out(self, key: MatmulKey, plan) -> dict[str, CandidateResult]:
+        """A context key's candidates that lost on its bare product's tuning (``tuning.reuse``),
+        as skipped results; a bare key, or a product not tuned yet, rules out none."""
+        if key.epilogue.is_bare or self.rules.reuse_ratio is None:
+            return {}
+        bare = self.lookup(reuse.product_key(key))
+        if bare is None or bare.source == "fallback":
+            return {}
+        rounds = {c.name: r.label for r in plan.runnable for c in r.candidates}
+        lost = reuse.losers([c for r in plan.runnable for c in r.candidates], [bare], self.rules.reuse_ratio)
+        return {name: CandidateResult(name, "skipped", round=rounds[name], error=why) for name, why in lost.items()}
 
     def _budget(self) -> float:
         """Seconds a key's tuning may take: the rules', else the setting (a bad one raises)."""

@@ -194,7 +194,8 @@ def _add_cublaslt(builder: CandidateSetBuilder, groups: Groups, family: str, ker
                               params={"family": family, "algorithm": algorithm,
                                       "workspace": cublaslt.WORKSPACE_BYTES},
                               supports=supports, cost=xla_cost, quick_compile=True,
-                              applies_epilogue=applies_epilogue),
+                              applies_epilogue=applies_epilogue,
+                              product=f"cublaslt_algo{algorithm}" if applies_epilogue else ""),
                     *[(group, _top) for group in groups])
 
 
@@ -207,7 +208,8 @@ def _add_with_fused(builder: CandidateSetBuilder, name: str, kernel, params: dic
                 *pairs)
     if fuses:
         builder.add(Candidate(f"{name}_epilogue", kernel, params={**params, "epilogue": True},
-                              supports=applying_epilogue(supports), cost=cost, applies_epilogue=True),
+                              supports=applying_epilogue(supports), cost=cost, applies_epilogue=True,
+                              product=name),
                     *pairs)
 
 
