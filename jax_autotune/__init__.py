@@ -27,7 +27,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's record
 
 __all__ = [
     "CandidateResult", "Decision", "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem",
-    "Precision", "Scale", "TuneTable", "WarmupReport", "__version__", "autotune",
+    "Precision", "ProgramCheck", "Scale", "TuneTable", "WarmupReport", "__version__", "autotune",
     "config", "deserialize", "dot_general", "export", "export_allowing", "export_disabled_checks",
     "key_for", "load_table", "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
     # jax_autotune.errors: two bases, then every error and warning (and two earlier names)

@@ -22,4 +22,5 @@ from jax_autotune.errors import (ConfigError, ConfigWarning, ConsensusWarning, D
 from jax_autotune.tables.table_file import TuneTable
 from jax_autotune.tuning.counters import reset_stats, stats
 from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.program_check import ProgramCheck
 from jax_autotune.warmup import WarmupReport, warmup

@@ -12,6 +12,8 @@ primitive.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import math
@@ -167,23 +169,58 @@ def _check_dims(name: str, dims: Sequence[int], ndim: int, shape) -> tuple[int, 
     return dims
 
 
-def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first: bool):
-    """Reshape ``x`` to (B, F, C) (free_first) or (B, C, F); returns (array, transposed).
+def _canonical_layout(shape, batch: tuple, free: tuple, contract: tuple, free_first: bool):
+    """(dim order, transposed, 3-D shape) of an operand of ``shape`` canonicalised to
+    (B, F, C) (free_first) or (B, C, F).
 
     Picks the stored order that needs no data movement when one exists: a transposed
     operand becomes a transposed-layout problem, not a materialised transpose.
     """
     natural = batch + free + contract if free_first else batch + contract + free
     swapped = batch + contract + free if free_first else batch + free + contract
-    identity = tuple(range(x.ndim))
+    identity = tuple(range(len(shape)))
     transposed = natural != identity and swapped == identity
     order = swapped if transposed else natural
-    size = lambda dims: math.prod(x.shape[d] for d in dims)  # noqa: E731
+    size = lambda dims: math.prod(shape[d] for d in dims)  # noqa: E731
     first, second = (free, contract) if free_first != transposed else (contract, free)
-    shape = (size(batch), size(first), size(second))
-    if order != identity:
+    return order, transposed, (size(batch), size(first), size(second))
+
+
+def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first: bool):
+    """``x`` reshaped (and transposed where it must be) to its canonical 3-D form."""
+    order, _, shape = _canonical_layout(x.shape, batch, free, contract, free_first)
+    if order != tuple(range(x.ndim)):
         x = jnp.transpose(x, order)
-    return _reshape(x, shape), transposed
+    return _reshape(x, shape)
+
+
+LEFT_PLAIN = object()  # what dot_general_in_context returns for a key left plain
+_LEFT_PLAIN: contextvars.ContextVar[frozenset] = contextvars.ContextVar("left_plain", default=frozenset())
+
+
+@contextlib.contextmanager
+def leaving_plain(keys: frozenset):
+    """Within it, ``dot_general`` and ``dot_general_in_context`` leave a call whose key is in
+    ``keys`` to lax (untuned, as the program had it): a program's decisions that cost it
+    (``jax_autotune.program_check``).
+
+        >>> with leaving_plain(frozenset({key})):
+        ...     jax.make_jaxpr(jat.autotune(f))(x)
+    """
+    token = _LEFT_PLAIN.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _LEFT_PLAIN.reset(token)
+
+
+def _left_plain(problem: MatmulProblem, epilogue: Epilogue | None) -> bool:
+    keys = _LEFT_PLAIN.get()
+    if not keys:
+        return False
+    if epilogue is not None and not epilogue.is_bare:
+        problem = dataclasses.replace(problem, epilogue=epilogue)
+    return problem.key(config.get("level")) in keys
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
@@ -223,7 +260,8 @@ def dot_general_in_context(lhs, rhs, dimension_numbers, precision, preferred_ele
                            epilogue: Epilogue, operands):
     """``epilogue`` applied to ``lax.dot_general(lhs, rhs, ...)``, bound as one tuned op:
     its canonical result, (batch, m, n), (batch, m) or () by the epilogue's class; None
-    where the tuned matmul does not serve the call (lax's own dot must run it).
+    where the tuned matmul does not serve the call (lax's own dot must run it), and
+    ``LEFT_PLAIN`` where its key is left plain (``leaving_plain``: the dot too stays lax's).
     ``operands(batch, m, n)`` gives the epilogue's operands in their role shapes.
 
         >>> out = dot_general_in_context(x, w, (((1,), (0,)), ((), ())), None, None,
@@ -269,14 +307,19 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
         tuple(rhs.shape[d] for d in rfree)
     if lhs.size == 0 or rhs.size == 0:  # what lax returns: empty, or zeros when only k is 0
         return jnp.zeros(out_shape, out_dtype)
-    lhs3, transpose_a = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
-    rhs3, transpose_b = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
-    batch = lhs3.shape[0]
+    _, transpose_a, (batch, _, _) = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
+    _, transpose_b, _ = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
-    problem = _problem(batch, m, n, k, lhs3, rhs3, out_dtype, transpose_a, transpose_b,
+    problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b,
                        precision_level)
+    if _left_plain(problem, epilogue):
+        return LEFT_PLAIN if in_context else lax.dot_general(
+            lhs, rhs, dimension_numbers, precision=precision,
+            preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+    lhs3 = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
+    rhs3 = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
     if in_context:
         if epilogue.is_bare:
             return bind_matmul(lhs3, rhs3, problem)

@@ -50,6 +50,7 @@ ours. Values ``fn`` closes over are read at its first trace of a signature, as w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import struct
@@ -65,11 +66,13 @@ from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
 
 import jax_autotune.config as config
-from jax_autotune.api import dot_general, dot_general_in_context
+from jax_autotune.api import LEFT_PLAIN, dot_general, dot_general_in_context, leaving_plain
 from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
+from jax_autotune.registry import tuner_for
+from jax_autotune.tuning import programs
 
 try:  # what jax.jit keys its trace cache on (jax 0.10 and 0.11)
     from jax._src.config import trace_context as _jax_trace_context
@@ -128,6 +131,9 @@ class _Traced:
     flat_fn: Callable
     out_tree: Any
     out_static: tuple  # per output leaf: _TRACED, or the value fn returned (not an array)
+    source: ClosedJaxpr  # as traced, before the rewrite
+    program: str  # its identity (``tuning.programs``)
+    left_plain: frozenset = frozenset()  # keys whose dots the rewrite left to lax
     backwards: dict = dataclasses.field(default_factory=dict)
 
     def result(self, arrays):
@@ -161,17 +167,61 @@ class _Traces:
             key = traced = None
         if traced is None:
             traced = _trace(self.fn, in_tree, leaves, is_array, avals)
-            closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in traced.closed.consts)
-            if key is not None and not closes_over_tracer:
-                self.cache[key] = traced
-        linearized = reverse_mode(arrays) if config.get("context") == "full" else None
-        if linearized is not None:
-            if linearized not in traced.backwards:  # per signature and differentiated leaves
-                traced.backwards[linearized] = with_tuned_backward(
-                    traced.closed, traced.flat_fn, avals, linearized, _rewrite)
-            if traced.backwards[linearized] is not None:
-                return traced.result(traced.backwards[linearized](*arrays))
-        return traced.result(jaxpr_as_fun(traced.closed)(*arrays))
+        traced = _as_checked(traced)
+        closes_over_tracer = any(isinstance(c, jax.core.Tracer) for c in traced.closed.consts)
+        if key is not None and not closes_over_tracer:
+            self.cache[key] = traced
+        for seen in _programs_seen:
+            seen.add(traced.program)
+        with leaving_plain(traced.left_plain):
+            linearized = reverse_mode(arrays) if config.get("context") == "full" else None
+            if linearized is not None:
+                if linearized not in traced.backwards:  # per signature and differentiated leaves
+                    traced.backwards[linearized] = with_tuned_backward(
+                        traced.closed, traced.flat_fn, avals, linearized, _rewrite)
+                if traced.backwards[linearized] is not None:
+                    return traced.result(traced.backwards[linearized](*arrays))
+            return traced.result(jaxpr_as_fun(traced.closed)(*arrays))
+
+
+_programs_seen: list[set] = []
+
+
+@contextlib.contextmanager
+def programs_traced():
+    """The identities (``tuning.programs``) of the autotuned programs called meanwhile.
+
+        >>> with programs_traced() as seen:
+        ...     jax.make_jaxpr(jat.autotune(step))(params, batch)
+    """
+    seen: set = set()
+    _programs_seen.append(seen)
+    try:
+        yield seen
+    finally:
+        _programs_seen.remove(seen)
+
+
+def _as_checked(traced: _Traced) -> _Traced:
+    """``traced`` rewritten again if the keys its program leaves plain changed (a check in
+    ``warmup`` found that they cost it; ``jax_autotune.program_check``)."""
+    left = _left_plain(traced.program)
+    if left == traced.left_plain:
+        return traced
+    with leaving_plain(left):
+        closed = _rewrite(traced.source)
+    return dataclasses.replace(traced, closed=closed, left_plain=left, backwards={})
+
+
+def _left_plain(program: str) -> frozenset:
+    """The keys ``program`` leaves to lax on this platform; none where nothing was checked
+    (or the store cannot say: never an error for the user's program)."""
+    if config.get("mode") == "off":
+        return frozenset()
+    try:
+        return programs.left_plain(tuner_for(jax.default_backend()), program)
+    except Exception:  # noqa: BLE001 - a bad store or setting: the program as tuned
+        return frozenset()
 
 
 def _static_key(x):
@@ -206,7 +256,8 @@ def _trace(fn, in_tree, leaves, is_array, avals) -> _Traced:
         return [x for x, static in zip(out_leaves, out["static"]) if static is _TRACED]
 
     closed = jax.make_jaxpr(flat_fn)(*avals)
-    return _Traced(_rewrite(closed), flat_fn, out["tree"], out["static"])
+    program = programs.identity(getattr(fn, "__qualname__", type(fn).__name__), str(closed.jaxpr))
+    return _Traced(_rewrite(closed), flat_fn, out["tree"], out["static"], closed, program)
 
 
 def _rewrite(jaxpr):
@@ -230,11 +281,12 @@ def _eval(closed, *args):
     def read(atom):
         return atom.val if isinstance(atom, Literal) else env[atom]
 
-    def run(eqn):
+    def run(eqn, as_traced=False):
         info = eqn.source_info
         name_stack = source_info_util.current_name_stack() + info.name_stack
+        bind = _bind_as_traced if as_traced else _bind
         with source_info_util.user_context(info.traceback, name_stack=name_stack), eqn.ctx.manager:
-            out = _bind(eqn, [read(v) for v in eqn.invars])
+            out = bind(eqn, [read(v) for v in eqn.invars])
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
 
     found = {} if config.get("context") == "off" else regions(
@@ -246,9 +298,9 @@ def _eval(closed, *args):
         if index in at_last:
             region = at_last[index]
             out = _in_context(region, eqns, read)
-            if out is None:  # not servable after all: the equations as JAX traced them
+            if out is None or out is LEFT_PLAIN:  # the equations as JAX traced them
                 for i in (region.head, *region.members):
-                    run(eqns[i])
+                    run(eqns[i], as_traced=out is LEFT_PLAIN and i == region.head)
             else:
                 env[region.output] = out
         elif index not in deferred:
@@ -280,10 +332,14 @@ def _in_context(region: Region, eqns, read):
                       f"not be bound ({type(err).__name__}: {err}); it runs untuned",
                       RuntimeWarning, stacklevel=3)
         return None
-    if out is None:
-        return None
+    if out is None or out is LEFT_PLAIN:
+        return out
     want = region.output.aval
     return jnp.reshape(out, want.shape) if out.dtype == want.dtype else None
+
+
+def _bind_as_traced(eqn, invals):
+    return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
 
 
 def _bind(eqn, invals):

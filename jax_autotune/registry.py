@@ -29,6 +29,7 @@ from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo, device_info
 from jax_autotune.tuning.store import open_store
+from jax_autotune.tuning import programs
 from jax_autotune.tuning.tuner import Tuner
 
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
@@ -178,3 +179,4 @@ def reset_tuners() -> None:
         _tuners.clear()
         _store_settings.clear()
         _compile_settings = None
+    programs.forget()

@@ -46,7 +46,9 @@ from jax_autotune.errors import NoTunedMatmulWarning
 from jax_autotune.tuning.decision import Decision
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
-from jax_autotune.autotune import _tuner_serves
+from jax_autotune import program_check
+from jax_autotune.autotune import _tuner_serves, programs_traced
+from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import tuner_for
@@ -85,6 +87,7 @@ class WarmupEntry:
 @dataclasses.dataclass(frozen=True)
 class WarmupReport:
     entries: tuple[WarmupEntry, ...]
+    program: ProgramCheck | None = None  # warmup(jat.autotune(fn), ...): the program tuned vs plain
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -105,6 +108,8 @@ class WarmupReport:
                          f"{us(e.xla_seconds)} {e.source:<8} {e.reason}".rstrip())
         if not self.entries:
             lines.append("(no tuned matmul: nothing to tune)")
+        if self.program is not None:
+            lines.append(str(self.program))
         return "\n".join(lines)
 
 
@@ -174,7 +179,8 @@ def _first_output(fn: Callable) -> Callable:
 
 def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
            transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
-           platform: str | None = None, progress: bool | None = None) -> WarmupReport:
+           platform: str | None = None, progress: bool | None = None,
+           compare: bool = True) -> WarmupReport:
     """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``.
 
         >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
@@ -186,6 +192,9 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``NoTunedMatmulWarning`` naming the fix, ``jat.warmup(jat.autotune(fn), ...)``.
     ``progress``: a bar over the keys on stderr (default: the ``progress`` setting, which
     shows it on a terminal); meanwhile no key shows a line of its own.
+    ``compare``: for a ``jat.autotune`` function, time the whole program (``fn``, or with
+    ``grad=True`` its value and gradient) tuned against plain, and leave the dots of the keys
+    that make it slower to lax in that program (``program_check``; ``report.program``).
     """
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
@@ -198,7 +207,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             if not report.entries:
                 _warn_untuned([jax.make_jaxpr(fn)(*example_args) for fn in fns])
             return report
-        jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
+        with programs_traced() as program_ids:
+            jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
         work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
         if not work:
             _warn_untuned(jaxprs)
@@ -227,7 +237,28 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),
                              first_problem.items())
         entries = [WarmupEntry.of(decision) for decision in track(decisions)]
+    if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
+        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner)
+        return WarmupReport(tuple(entries), program)
     return WarmupReport(tuple(entries))
+
+
+def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck | None:
+    """The program tuned against plain (``program_check``); an earlier check's result when
+    nothing was tuned now; None under a mode that tunes nothing."""
+    if config.get("mode") != "tune":
+        return None
+    uses: dict[MatmulKey, int] = {}
+    for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):
+        if eqn.primitive in (matmul_p, fused_p):
+            uses[eqn.params["key"]] = uses.get(eqn.params["key"], 0) + 1
+    if not any(e.source == "tuned" for e in entries):
+        earlier = program_check.stored(program_ids, tuner, len(uses))
+        if earlier is not None:
+            return earlier
+    gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
+             if e.xla_seconds is not None and e.winner_seconds is not None}
+    return program_check.check(target, args, program_ids, uses, gains, tuner)
 
 
 def _warn_untuned(jaxprs) -> None:

@@ -504,8 +504,7 @@ def test_warmup_tunes_exactly_the_keys_a_compile_asks_for(fresh_tuning, tmp_path
     def compile_value_and_grad(tuned):
         """The number of matmuls lowered, and how many of them the memory table served."""
         lowerings, hits = primitive.LOWERINGS.get("cpu", 0), jat.stats()["memory_hits"]
-        jax.jit(tuned).lower(*args).compile()
-        jax.jit(jax.grad(tuned)).lower(*args).compile()
+        jax.jit(jax.value_and_grad(tuned)).lower(*args).compile()  # the training step
         return primitive.LOWERINGS["cpu"] - lowerings, jat.stats()["memory_hits"] - hits
 
     compile_value_and_grad(jat.autotune(fn))  # no warmup: the compile tunes what it needs
@@ -518,5 +517,8 @@ def test_warmup_tunes_exactly_the_keys_a_compile_asks_for(fresh_tuning, tmp_path
     report = jat.warmup(tuned, *args, grad=True)
     assert {entry.key for entry in report} == compiled_keys
     assert len(report) == report.count("tuned") == len(compiled_keys)
+    tunings = jat.stats()["tuned"]
     lowered, served_from_memory = compile_value_and_grad(tuned)
-    assert lowered >= len(compiled_keys) and served_from_memory == lowered  # the compile tuned nothing
+    # the compile tuned nothing (warmup's program check compiled the step before: JAX may
+    # reuse some of its lowerings)
+    assert lowered >= 1 and served_from_memory == lowered and jat.stats()["tuned"] == tunings

@@ -2,7 +2,8 @@
 
 Decisions live under ``autotune/<jax_autotune version>/<jax version>/<device
 fingerprint>/matmul``, probe results under ``throughput/<jax_autotune version>/<device
-fingerprint>`` (jax-independent).
+fingerprint>`` (jax-independent), whole-program checks under ``programs/<jax_autotune
+version>/<jax version>/<device fingerprint>``.
 
     >>> decision_namespace("cpu-AMD-EPYC-x2-mem0")                  # doctest: +SKIP
     'autotune/0.1.0/0.10.2/cpu-AMD-EPYC-x2-mem0/matmul'
@@ -27,6 +28,7 @@ def _check_fingerprint(device_fingerprint: str) -> str:
 
 DECISIONS = "autotune"
 THROUGHPUT = "throughput"
+PROGRAMS = "programs"
 _TUNER_NAME = "matmul"
 
 
@@ -75,3 +77,12 @@ def throughput_namespace(device_fingerprint: str) -> str:
         'throughput/0.1.0/cpu-x86_64'
     """
     return f"{THROUGHPUT}/{__version__}/{_check_fingerprint(device_fingerprint)}"
+
+
+def program_namespace(device_fingerprint: str) -> str:
+    """The namespace of whole-program checks (``tuning.programs``): per package, jax and device.
+
+        >>> program_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
+        'programs/0.1.0/0.11.2/cuda-NVIDIA_H200-139GiB'
+    """
+    return f"{PROGRAMS}/{__version__}/{jax.__version__}/{_check_fingerprint(device_fingerprint)}"

@@ -17,6 +17,8 @@ Namespaces (built by ``tuning.namespaces``):
   per tuned key: the winner and every candidate's results, bounds and limit.
 - ``throughput/<jax_autotune version>/<device fingerprint>`` — the measured peaks and
   launch overhead of one device, shared by all keys.
+- ``programs/<jax_autotune version>/<jax version>/<device fingerprint>`` — one row per
+  checked program: its times plain and tuned, and the keys it leaves plain (``tuning.programs``).
 
 No store raises for disk trouble: one that cannot be used warns once and is memory-only
 from then on; one this process may not write is read, with one warning. A bad row is

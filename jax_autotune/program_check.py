@@ -1,0 +1,178 @@
+"""A tuned program against the same program plain: never slower where users look.
+
+Each key is decided alone (or in its epilogue's context), but a program is more than its
+keys: a custom call takes its operands in one layout, so the transposes and converts XLA
+folds into its own dot become copies around it, and XLA fuses across a dot what it cannot
+fuse across a custom call. ``warmup(jat.autotune(fn), *args, grad=...)`` therefore ends with
+``check``: it compiles the whole program (``fn``, or the training step
+``jax.value_and_grad``) tuned and plain (every dot left to lax), times both, interleaved,
+by the wall clock around each run (what a training loop sees), and when tuned is slower
+than plain by more than ``MARGIN`` it finds the keys that cost it and leaves their dots
+plain in that program:
+
+* the keys, ordered by what their tunings claim to gain in the program (XLA's dot winning
+  first: such a key only adds the canonical layout's copies; then by (XLA's time - the
+  winner's) x the key's uses), are left plain as a prefix of that order, the shortest
+  prefix with which the program is no slower than plain (a binary search: about
+  log2(keys) compiles; leaving every key plain *is* the plain program);
+* the result is kept with the program's identity (``tuning.programs``), in the store too,
+  so the next process's trace leaves the same dots plain; a later warmup that tunes
+  nothing new reads it instead of checking again.
+
+    >>> report = jat.warmup(jat.autotune(loss), params, batch, grad=True)
+    >>> print(report.program)
+    program: plain 41.2 ms, tuned 44.9 ms (0.92x); 3 of 23 keys left plain: 40.8 ms (1.01x)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jax_autotune.key import MatmulKey
+from jax_autotune.tuning import programs
+
+MARGIN = 0.01  # tuned may be this much slower than plain and count as no slower (timing noise)
+ROUNDS = 7  # timed runs of each program, interleaved, after two untimed ones
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCheck:
+    """What ``check`` found for one program: the times plain, tuned, and with the keys
+    ``left_plain``; ``compiles`` made and ``seconds`` spent; ``source`` "checked" or
+    "stored" (an earlier check's result, nothing compiled)."""
+
+    plain_seconds: float
+    tuned_seconds: float
+    final_seconds: float
+    keys: int
+    left_plain: tuple[MatmulKey, ...] = ()
+    compiles: int = 0
+    seconds: float = 0.0
+    source: str = "checked"
+
+    def __str__(self) -> str:
+        def ms(seconds):
+            return f"{seconds * 1e3:.3g} ms"
+
+        text = (f"program: plain {ms(self.plain_seconds)}, tuned {ms(self.tuned_seconds)} "
+                f"({self.plain_seconds / self.tuned_seconds:.2f}x)")
+        if self.left_plain:
+            text += (f"; {len(self.left_plain)} of {self.keys} keys left plain: {ms(self.final_seconds)} "
+                     f"({self.plain_seconds / self.final_seconds:.2f}x)")
+        how = f"{self.compiles} compiles, {self.seconds:.1f} s" if self.source == "checked" else "stored"
+        return f"{text} [{how}]"
+
+
+Measure = Callable[[frozenset], tuple[float, float]]  # keys left plain -> (seconds, plain's seconds)
+
+
+def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: dict[MatmulKey, int],
+          gains: dict[MatmulKey, float], tuner, measure: Measure | None = None) -> ProgramCheck:
+    """Compare ``target(*args)`` tuned and plain; leave the keys that cost it plain in the
+    programs ``program_ids`` (see the module docstring). ``uses``: how many dots of each
+    key the program has; ``gains``: seconds each key's tuning claims per use."""
+    started = time.perf_counter()
+    keys = sorted(uses, key=lambda k: (max(gains.get(k, 0.0), 0.0) * uses[k], k.canonical()))
+    timed = measure or _WallClock(target, args, program_ids, tuner, frozenset(keys))
+    try:
+        tuned, plain = timed(frozenset())
+        left, final = ((), tuned) if tuned <= plain * (1 + MARGIN) else _shortest_prefix(keys, timed, plain)
+    finally:
+        _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
+    found = ProgramCheck(plain, tuned, final, len(keys), tuple(left), getattr(timed, "compiles", 0),
+                         time.perf_counter() - started)
+    record = programs.ProgramRecord(plain, tuned, final, tuple(k.canonical() for k in left))
+    for program in program_ids:
+        programs.remember(tuner, program, record)
+    return found
+
+
+def stored(program_ids: set[str], tuner, keys: int) -> ProgramCheck | None:
+    """The kept result of an earlier check of every one of ``program_ids``, or None."""
+    records = [programs.record(tuner, program) for program in program_ids]
+    if not records or any(r is None for r in records):
+        return None
+    first = records[0]
+    left = tuple(sorted(set().union(*(r.keys() for r in records)), key=MatmulKey.canonical))
+    return ProgramCheck(first.plain_seconds, first.tuned_seconds, first.final_seconds, keys, left,
+                        source="stored")
+
+
+def _shortest_prefix(keys: list[MatmulKey], timed: Measure, plain: float) -> tuple[list[MatmulKey], float]:
+    """The shortest prefix of ``keys`` whose dots left plain make the program no slower
+    than plain (all of them is the plain program itself), and the program's time with it."""
+    low, high, seconds_at_high = 1, len(keys), plain
+    while low < high:
+        middle = (low + high) // 2
+        seconds, plain_now = timed(frozenset(keys[:middle]))
+        if seconds <= plain_now * (1 + MARGIN):
+            high, seconds_at_high = middle, seconds
+        else:
+            low = middle + 1
+    return keys[:high], seconds_at_high
+
+
+def _leave(program_ids: set[str], tuner, keys: frozenset, persist: bool) -> None:
+    record = programs.ProgramRecord(0.0, 0.0, 0.0, tuple(k.canonical() for k in keys))
+    for program in program_ids:
+        programs.remember(tuner, program, record, persist=persist)
+
+
+class _WallClock:
+    """Compiles ``target`` with a set of keys left plain (``programs``, in memory only) and
+    times it against the plain program (every key left plain), interleaved: the median wall
+    time of ``ROUNDS`` runs each, every run waited for. Each set is compiled and timed once."""
+
+    def __init__(self, target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
+                 every_key: frozenset):
+        self.target, self.args = target, tuple(_concrete(args))
+        self.program_ids, self.tuner, self.every_key = program_ids, tuner, every_key
+        self.compiles = 0
+        self._plain = None
+        self._timed: dict[frozenset, tuple[float, float]] = {}
+
+    def _compiled(self, left: frozenset):
+        self.compiles += 1
+        _leave(self.program_ids, self.tuner, left, persist=False)
+        return jax.jit(lambda *a: self.target(*a)).lower(*self.args).compile()
+
+    def __call__(self, left: frozenset) -> tuple[float, float]:
+        if left in self._timed:
+            return self._timed[left]
+        if self._plain is None:
+            self._plain = self._compiled(self.every_key)
+        trial = self._compiled(left)
+        for compiled in (self._plain, trial) * 2:  # untimed: caches, allocations
+            jax.block_until_ready(compiled(*self.args))
+        runs: dict[int, list[float]] = {0: [], 1: []}
+        for _ in range(ROUNDS):
+            for which, compiled in enumerate((trial, self._plain)):
+                start = time.perf_counter()
+                jax.block_until_ready(compiled(*self.args))
+                runs[which].append(time.perf_counter() - start)
+        self._timed[left] = statistics.median(runs[0]), statistics.median(runs[1])
+        return self._timed[left]
+
+
+def _concrete(args):
+    """Arrays for every abstract leaf (``jax.ShapeDtypeStruct``): small random floats, zeros
+    otherwise (integer tokens, masks)."""
+    rng = np.random.default_rng(0)
+
+    def leaf(x):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if np.issubdtype(np.dtype(x.dtype), np.floating) or "float" in np.dtype(x.dtype).name:
+            return jax.numpy.asarray(rng.standard_normal(x.shape) * 0.02, x.dtype)
+        return jax.numpy.zeros(x.shape, x.dtype)
+
+    return jax.tree_util.tree_map(leaf, args)
+
+
+__all__ = ["ProgramCheck", "check", "stored", "MARGIN"]

@@ -1,0 +1,115 @@
+"""The whole program tuned against plain: the keys that cost it are left plain, and kept.
+
+The search is checked with a scripted measure (exact, fast); the rest end to end on the CPU:
+a key left plain is lax's dot in the traced program, the next process reads it from the
+store, and warmup reports what it compared.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_autotune as jat
+from jax_autotune import program_check
+from jax_autotune.autotune import programs_traced
+from jax_autotune.primitive import fused_p, matmul_p
+from jax_autotune.registry import reset_tuners, tuner_for
+from jax_autotune.tuning import programs
+from jax_autotune.warmup import equations, matmul_problems
+
+
+def rand(seed, *shape):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+X, W1, W2, B = rand(0, 24, 40), rand(1, 40, 48), rand(2, 48, 16), rand(3, 48)
+
+
+def mlp(x, w1, w2, b):
+    return jnp.tanh(x @ w1 + b) @ w2
+
+
+def keys_of(fn, *args):
+    return [key for _, key in matmul_problems(jax.make_jaxpr(fn)(*args))]
+
+
+class Scripted:
+    """Seconds by the keys left plain: tuned 1.10, plain 1.0; leaving ``costly`` plain
+    saves 0.12; counts its calls."""
+
+    def __init__(self, costly):
+        self.costly, self.calls = costly, []
+
+    def __call__(self, left):
+        self.calls.append(left)
+        return 1.10 - 0.12 * (self.costly in left), 1.0
+
+
+def test_a_slower_program_leaves_the_shortest_prefix_of_keys_by_claimed_gain_plain(fresh_tuning):
+    tuner = tuner_for("cpu")
+    keys = keys_of(jat.autotune(mlp), X, W1, W2, B) + keys_of(jat.autotune(mlp), X[:7], W1, W2, B)
+    assert len(keys) == 4
+    uses = dict.fromkeys(keys, 1)
+    gains = {keys[0]: 0.0, keys[1]: 1e-6, keys[2]: 2e-6, keys[3]: 9e-6}
+    measure = Scripted(costly=keys[2])
+    found = program_check.check(None, (), {"p1", "p2"}, uses, gains, tuner, measure=measure)
+    assert found.left_plain == tuple(keys[:3]) and found.keys == 4
+    assert (found.plain_seconds, found.tuned_seconds, found.final_seconds) == (1.0, 1.10, pytest.approx(0.98))
+    assert len(measure.calls) == 3  # tuned, then a binary search over 4 keys: prefixes of 2 and 3
+    assert "3 of 4 keys left plain" in str(found)
+    for program in ("p1", "p2"):
+        assert programs.left_plain(tuner, program) == frozenset(keys[:3])
+
+
+def test_a_program_no_slower_than_plain_keeps_every_key_tuned(fresh_tuning):
+    tuner = tuner_for("cpu")
+    keys = keys_of(jat.autotune(mlp), X, W1, W2, B)
+    found = program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), {}, tuner,
+                                measure=lambda left: (1.005, 1.0))  # inside the noise margin
+    assert found.left_plain == () and programs.left_plain(tuner, "p") == frozenset()
+
+
+def test_a_key_left_plain_is_laxs_dot_in_the_program_and_the_next_process_reads_it(fresh_tuning):
+    tuned = jat.autotune(mlp)
+    with programs_traced() as seen:
+        bound = keys_of(tuned, X, W1, W2, B)
+    (program,) = seen
+    first = bound[0]
+    programs.remember(tuner_for("cpu"), program,
+                      programs.ProgramRecord(1.0, 1.1, 0.99, (first.canonical(),)))
+    reset_tuners()  # a new process: nothing in memory, the record in the store
+    again = jat.autotune(mlp)
+    eqns = list(equations(jax.make_jaxpr(again)(X, W1, W2, B)))
+    assert [e.params["key"] for e in eqns if e.primitive in (matmul_p, fused_p)] == bound[1:]
+    assert sum(e.primitive.name == "dot_general" for e in eqns) == 1
+    np.testing.assert_allclose(jax.jit(again)(X, W1, W2, B), mlp(X, W1, W2, B), rtol=2e-5, atol=2e-5)
+    # the same wrapper follows a later change of its program's record (in a new jit)
+    programs.remember(tuner_for("cpu"), program, programs.ProgramRecord(1.0, 1.0, 1.0, ()))
+    assert keys_of(lambda *args: again(*args), X, W1, W2, B) == bound
+
+
+def test_a_stored_record_that_is_not_one_is_no_record(fresh_tuning):
+    assert programs.ProgramRecord.from_json({"left_plain": "all", "plain_seconds": 1}) is None
+    assert programs.ProgramRecord.from_json(None) is None
+    record = programs.ProgramRecord.from_json({"left_plain": ["not a key"], "plain_seconds": 1,
+                                               "tuned_seconds": 1, "final_seconds": 1})
+    assert record is not None and record.keys() == frozenset()
+
+
+def test_warmup_compares_the_training_step_and_a_second_warmup_reads_the_check(fresh_tuning):
+    def loss(params, x):
+        return jnp.mean(mlp(x, *params) ** 2)
+
+    step, params = jat.autotune(loss), (W1, W2, B)
+    report = jat.warmup(step, params, X, grad=True)
+    check = report.program
+    assert check is not None and check.source == "checked" and check.compiles >= 2
+    assert check.plain_seconds > 0 and check.tuned_seconds > 0 and check.keys == len(report)
+    assert str(check) in str(report)
+    again = jat.warmup(step, params, X, grad=True)
+    assert again.program.source == "stored" and again.program.left_plain == check.left_plain
+    assert jat.warmup(step, params, X, grad=True, compare=False).program is None
+    grads = jax.jit(jax.grad(step))(params, X)
+    for got, want in zip(grads, jax.grad(loss)(params, X)):
+        np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5)
