@@ -1,21 +1,36 @@
-"""Training steps of two models, plain against tuned: warmup cost, first step, step time.
+"""Training and decode steps of four models, plain against tuned: warmup cost, first step, step time.
 
-    python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama]
+    python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama,vit,decode]
+        [--variants plain,layers,autotune] [--param-dtype float32|bfloat16] [--size real|tiny]
+        [--decode-batch 8..64] [--steps 10] [--timeout-s 240]
 
 * ``gpt2``: GPT-2-small in flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an
   untied output head), batch 8 x 1024;
 * ``llama``: a Llama-style decoder, 8 layers, d 2048, RMSNorm, grouped-query attention (16
   query heads, 4 key-value heads), SwiGLU MLP (hidden 5632), no biases, an untied head
-  with an odd vocabulary (32003), batch 4 x 1024.
-Both in bf16 compute with f32 parameters, AdamW (optax). Three variants of the same step:
+  with an odd vocabulary (32003), batch 4 x 1024;
+* ``vit``: a ViT-B/16-like encoder, 224 x 224 x 3 images cut into 196 patches of 16 x 16 x
+  3 (a Dense to d 768), a class token in front: 197 tokens, 12 layers, 12 heads, MLP 3072,
+  bidirectional attention, a 1000-class head on the class token, batch 64;
+* ``decode``: the ``llama`` decoder serving: one new token for each of 32 sequences
+  (``--decode-batch``) over a KV cache of 2048 (per layer k, v of 32 x 2048 x 4 x 128 bf16,
+  written at the position by ``lax.dynamic_update_slice``), the new token's logits and the
+  cache out, forward only (no gradient, no optimizer).
+The training models take softmax cross-entropy against integer targets and AdamW (optax).
+All compute in bf16; parameters are f32, or with ``--param-dtype bfloat16`` cast to bf16
+after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks every model
+(2 layers, d 64, 4 heads, vocabulary 1003, 32 x 32 images of patch 8 -> 17 tokens, cache
+64, batch 2) to run on a CPU in minutes. Three variants of the same step:
 * ``plain``: every Dense with ``lax.dot_general`` (flax's default);
 * ``layers``: every Dense with ``dot_general=jat.dot_general``;
-* ``autotune``: the plain model's loss through ``jat.autotune`` (every matmul, the
-  attention einsums too).
-For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds, the first step after
-warmup (compile only: the tuner must tune nothing), the median of the next steps, the
-first losses (equal across variants within bf16 noise). Each variant runs in its own
-process with a fresh tune store, so nothing is shared between them.
+* ``autotune``: the plain model's loss (decode: decode function) through ``jat.autotune``
+  (every matmul, the attention einsums too).
+For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds (decode: ``jat.warmup(
+decode, params, cache, tokens, pos)``), the first step after warmup (compile only: the
+tuner must tune nothing), the median of the next steps, the first losses (decode: the mean
+logsumexp of the new token's logits; equal across variants within bf16 noise). Each
+variant runs in its own process with a fresh tune store, so nothing is shared between them.
+Models are in ``benchmarks/step_models.py``.
 """
 
 from __future__ import annotations
@@ -33,104 +48,44 @@ import time
 from report import child_result, write_results
 
 VARIANTS = ("plain", "layers", "autotune")
-MODELS = {  # name -> the sizes its builder takes
+PARAM_DTYPES = ("float32", "bfloat16")
+_LLAMA = dict(layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003)
+MODELS = {  # name -> the sizes its builder takes (and its inputs': batch, seq, image, cache)
     "gpt2": dict(layers=12, d=768, heads=12, vocab=50257, batch=8, seq=1024),
-    "llama": dict(layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003, batch=4, seq=1024),
+    "llama": dict(_LLAMA, batch=4, seq=1024),
+    "vit": dict(layers=12, d=768, heads=12, mlp=3072, image=224, patch=16, classes=1000, batch=64),
+    "decode": dict(_LLAMA, batch=32, cache=2048),
 }
+_TINY_LLAMA = dict(layers=2, d=64, heads=4, kv_heads=2, hidden=176, vocab=1003)
+SIZES = {"real": MODELS, "tiny": {
+    "gpt2": dict(layers=2, d=64, heads=4, vocab=1003, batch=2, seq=32),
+    "llama": dict(_TINY_LLAMA, batch=2, seq=33),
+    "vit": dict(layers=2, d=64, heads=4, mlp=256, image=32, patch=8, classes=1003, batch=2),
+    "decode": dict(_TINY_LLAMA, batch=2, cache=64),
+}}
+
+
+def sizes_of(model: str, size: str = "real", decode_batch: int | None = None) -> dict:
+    """The sizes of ``model`` in preset ``size``, decode's batch replaced where given.
+
+        >>> sizes_of("decode", "real", 64)["batch"]
+        64
+    """
+    sizes = dict(SIZES[size][model])
+    if model == "decode" and decode_batch:
+        sizes["batch"] = decode_batch
+    return sizes
 
 
 def build(model: str, variant: str, sizes: dict):
-    """(flax module, loss(params, batch), optax optimizer, jitted train step)."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    import optax
+    """(flax module, loss(params, batch), optax optimizer, jitted step(params, opt_state,
+    batch)) of a training model, as ``benchmarks/cold_runs.py`` takes it.
 
-    import jax_autotune as jat
+        >>> module, loss, optimizer, step = build("gpt2", "layers", MODELS["gpt2"])
+    """
+    from step_models import train_parts
+    return train_parts(model, variant, sizes)
 
-    dot = jat.dot_general if variant == "layers" else jax.lax.dot_general
-    module = (gpt2 if model == "gpt2" else llama)(nn, jax, jnp, dot, **{k: v for k, v in sizes.items() if k != "batch"})
-
-    def loss(params, batch):
-        tokens, targets = batch
-        logits = module.apply(params, tokens).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-    if variant == "autotune":
-        loss = jat.autotune(loss)
-    optimizer = optax.adamw(3e-4)
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    return module, loss, optimizer, step
-
-
-def gpt2(nn, jax, jnp, dot, *, layers: int, d: int, heads: int, vocab: int, seq: int):
-    dense = lambda features, name: nn.Dense(features, dtype=jnp.bfloat16, dot_general=dot,  # noqa: E731
-                                            name=name)
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            b, t, _ = x.shape
-            h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
-            q, k, v = jnp.split(dense(3 * d, "qkv")(h).reshape(b, t, 3 * heads, d // heads), 3, axis=2)
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // heads) ** 0.5
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            weights = jax.nn.softmax(jnp.where(causal, scores, -1e9).astype(jnp.float32), axis=-1)
-            attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(jnp.bfloat16), v).reshape(b, t, d)
-            x = x + dense(d, "proj")(attended)
-            h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
-            return x + dense(d, "down")(nn.gelu(dense(4 * d, "up")(h)))
-
-    class GPT(nn.Module):
-        @nn.compact
-        def __call__(self, tokens):
-            x = nn.Embed(vocab, d, dtype=jnp.bfloat16)(tokens)
-            x = x + self.param("pos", nn.initializers.normal(0.02), (seq, d)).astype(jnp.bfloat16)
-            for i in range(layers):
-                x = Block(name=f"block{i}")(x)
-            return dense(vocab, "head")(nn.LayerNorm(dtype=jnp.bfloat16)(x))
-
-    return GPT()
-
-
-def llama(nn, jax, jnp, dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int,
-          vocab: int, seq: int):
-    head_dim = d // heads
-    dense = lambda features, name: nn.Dense(features, use_bias=False, dtype=jnp.bfloat16,  # noqa: E731
-                                            dot_general=dot, name=name)
-
-    class Block(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            b, t, _ = x.shape
-            h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
-            q = dense(heads * head_dim, "q")(h).reshape(b, t, heads, head_dim)
-            k = dense(kv_heads * head_dim, "k")(h).reshape(b, t, kv_heads, head_dim)
-            v = dense(kv_heads * head_dim, "v")(h).reshape(b, t, kv_heads, head_dim)
-            k, v = (jnp.repeat(z, heads // kv_heads, axis=2) for z in (k, v))  # grouped-query
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            weights = jax.nn.softmax(jnp.where(causal, scores, -1e9).astype(jnp.float32), axis=-1)
-            attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(jnp.bfloat16), v).reshape(b, t, d)
-            x = x + dense(d, "o")(attended)
-            h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
-            return x + dense(d, "down")(jax.nn.silu(dense(hidden, "gate")(h)) * dense(hidden, "up")(h))
-
-    class Llama(nn.Module):
-        @nn.compact
-        def __call__(self, tokens):
-            x = nn.Embed(vocab, d, dtype=jnp.bfloat16)(tokens)
-            for i in range(layers):
-                x = Block(name=f"block{i}")(x)
-            return dense(vocab, "head")(nn.RMSNorm(dtype=jnp.bfloat16)(x))
-
-    return Llama()
 
 
 def tuning_breakdown(decisions) -> dict:
@@ -160,40 +115,48 @@ def timed_priming() -> list[dict]:
     return primes
 
 
+def timed_warmup(case) -> dict:
+    """``jat.warmup`` of the case's function: seconds, keys, winners, tunings, primes."""
+    import jax_autotune as jat
+    from jax_autotune.tuning.tuner import record_decisions
+
+    primes = timed_priming()
+    start = time.perf_counter()
+    with record_decisions() as decided:
+        report = jat.warmup(case.fn, *case.args, grad=case.grad)
+    row = {"warmup_s": time.perf_counter() - start, "xla_primes": [p for p in primes if p["primed"]],
+           "keys": len(report), "winners": sorted({e.winner for e in report}),
+           "program_check": str(report.program) if report.program else "",
+           "program_check_s": report.program.seconds if report.program else 0.0}
+    return {**row, **tuning_breakdown(decided)}
+
+
 def run_variant(args) -> dict:
+    """One variant in this process: warmup (but plain), first step, the next steps.
+
+        >>> run_variant(argparse.Namespace(model="vit", variant="autotune", size="tiny",
+        ...             param_dtype="float32", decode_batch=None, steps=3))
+    """
     import jax
-    import jax.numpy as jnp
 
     import jax_autotune as jat
+    from step_models import make_case
 
-    sizes = MODELS[args.model]
-    model, loss, optimizer, step = build(args.model, args.variant, sizes)
-    tokens = jax.random.randint(jax.random.key(0), (sizes["batch"], sizes["seq"]), 0, sizes["vocab"])
-    batch = (tokens, jnp.roll(tokens, -1, axis=1))
-    params = model.init(jax.random.key(1), tokens)
-    opt_state = optimizer.init(params)
-    row = {"model": args.model, "variant": args.variant}
+    case = make_case(args.model, args.variant, sizes_of(args.model, args.size, args.decode_batch),
+                     args.param_dtype)
+    row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
     if args.variant != "plain":
-        from jax_autotune.tuning.tuner import record_decisions
-        primes = timed_priming()
-        start = time.perf_counter()
-        with record_decisions() as decided:
-            report = jat.warmup(loss, params, batch, grad=True)
-        row["warmup_s"] = time.perf_counter() - start
-        row["xla_primes"] = [p for p in primes if p["primed"]]
-        row["keys"] = len(report)
-        row["winners"] = sorted({e.winner for e in report})
-        row.update(tuning_breakdown(decided))
+        row.update(timed_warmup(case))
     before = jat.stats()
     start = time.perf_counter()
-    params, opt_state, value = step(params, opt_state, batch)
+    state, value = case.step(case.state, case.inputs)
     jax.block_until_ready(value)
     row["first_step_s"] = time.perf_counter() - start
     row["tuned_in_first_step"] = jat.stats()["tuned"] - before["tuned"]
     losses, times = [float(value)], []
     for _ in range(args.steps):
         start = time.perf_counter()
-        params, opt_state, value = step(params, opt_state, batch)
+        state, value = case.step(state, case.inputs)
         jax.block_until_ready(value)
         times.append(time.perf_counter() - start)
         losses.append(float(value))
@@ -207,6 +170,10 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2,llama", help=f"comma-separated, of {sorted(MODELS)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--param-dtype", choices=PARAM_DTYPES, default="float32",
+                        help="dtype of the parameters after init (compute is bf16 either way)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="real", help="tiny: every model shrunk, for a CPU")
+    parser.add_argument("--decode-batch", type=int, default=None, help="sequences of the decode step (real: 32)")
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout-s", type=float, default=240.0)
@@ -214,38 +181,48 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
+    options = [f"--steps={args.steps}", f"--size={args.size}", f"--param-dtype={args.param_dtype}"]
+    options += [f"--decode-batch={args.decode_batch}"] if args.decode_batch else []
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
             env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{model}_{variant}_"))
-            child = ["--model", model, "--variant", variant, f"--steps={args.steps}"]
             try:
-                rows.append(child_result(__file__, child, env, args.timeout_s))
+                rows.append(child_result(__file__, ["--model", model, "--variant", variant, *options], env,
+                                         args.timeout_s))
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-                rows.append({"model": model, "variant": variant, "error": f"{type(err).__name__}: {err}"[-2000:]})
+                rows.append({"model": model, "variant": variant, "size": args.size, "param_dtype": args.param_dtype,
+                             "error": f"{type(err).__name__}: {err}"[-2000:]})
             print(json.dumps(rows[-1]), flush=True)
     import jax
     command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])
-    text = report(rows, command, jax.__version__, jax.devices()[0].device_kind)
+    sizes = {model: sizes_of(model, args.size, args.decode_batch) for model in args.models.split(",")}
+    text = report(rows, command, jax.__version__, jax.devices()[0].device_kind, sizes)
     print(text)
-    write_results(args.out, f"model_step_{datetime.date.today().isoformat()}", text,
-                  {"rows": rows, "command": command})
+    suffix = "".join(f"_{word}" for word, default in ((args.size, "real"), (args.param_dtype, "float32"))
+                     if word != default)
+    write_results(args.out, f"model_step_{datetime.date.today().isoformat()}{suffix}", text,
+                  {"rows": rows, "command": command, "size": args.size, "param_dtype": args.param_dtype})
 
 
-def report(rows, command, jax_version, device) -> str:
+def report(rows, command, jax_version, device, sizes: dict | None = None) -> str:
+    """The markdown of a run: a table a model (``sizes``: model -> its sizes; default MODELS)."""
     lines = [f"# Model steps on {device}, {datetime.date.today().isoformat()}", "",
              f"jax {jax_version}; command: `{command}`", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
-        lines += model_table(model, [r for r in rows if r["model"] == model])
+        lines += model_table(model, [r for r in rows if r["model"] == model], (sizes or MODELS)[model])
     return "\n".join(lines) + "\n"
 
 
-def model_table(model: str, rows: list[dict]) -> list[str]:
-    sizes = ", ".join(f"{k} {v}" for k, v in MODELS[model].items())
+def model_table(model: str, rows: list[dict], sizes: dict) -> list[str]:
+    params = next((r["param_dtype"] for r in rows if "param_dtype" in r), "float32")
     plain = next((r for r in rows if r["variant"] == "plain" and "step_ms" in r), None)
-    lines = [f"## {model} ({sizes}; bf16 compute, AdamW)", "",
+    kind, values = ("forward only, KV cache", "first mean logsumexp of logits") if model == "decode" else \
+        ("AdamW", "first losses")
+    lines = [f"## {model} ({', '.join(f'{k} {v}' for k, v in sizes.items())}; bf16 compute, {params} params, "
+             f"{kind})", "",
              "| variant | warmup s (XLA dot compiles, summed; XLA dots primed together) | keys | first step s | tuned in first step | step ms "
-             "| plain / variant | first losses |",
+             f"| plain / variant | {values} |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -260,7 +237,8 @@ def model_table(model: str, rows: list[dict]) -> list[str]:
         lines.append(f"| {r['variant']} | {warm} | {r.get('keys', '-')} | {r['first_step_s']:.2f} | "
                      f"{r['tuned_in_first_step']} | {r['step_ms']:.2f} | {ratio} | "
                      f"{', '.join(f'{x:.4f}' for x in r['losses'])} |")
-    return lines + [""]
+    checks = [f"- {r['variant']}: {r['program_check']}" for r in rows if r.get("program_check")]
+    return lines + ([""] + checks if checks else []) + [""]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,287 @@
+"""The models that ``benchmarks/model_step.py`` times, each as a ``Case`` ready to run.
+
+    >>> case = make_case("vit", "autotune", model_step.MODELS["vit"], "bfloat16")
+    >>> jat.warmup(case.fn, *case.args, grad=case.grad)
+    >>> state, value = case.step(case.state, case.inputs)
+
+Training steps (softmax cross-entropy, AdamW) of ``gpt2``, ``llama`` and ``vit``, and
+``decode``: the Llama decoder's serving step, one new token a sequence over a KV cache,
+forward only. All compute in bf16; every Dense takes ``dot`` as its ``dot_general``
+(``jat.dot_general`` in the ``layers`` variant). Builders ignore the sizes they do not use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import jax_autotune as jat
+
+BF16 = jnp.bfloat16
+
+
+@dataclasses.dataclass
+class Case:
+    """One variant of one model: ``jat.warmup(fn, *args, grad=grad)``, then
+    ``state, value = step(state, inputs)`` again and again; ``value`` is the loss, or for
+    ``decode`` the mean logsumexp of the new tokens' logits (finite iff the logits are).
+
+        >>> state, loss = case.step(case.state, case.inputs)
+    """
+
+    fn: Callable
+    args: tuple
+    grad: bool
+    step: Callable
+    state: Any
+    inputs: Any
+
+
+def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32") -> Case:
+    """The ``Case`` of ``model`` (gpt2, llama, vit, decode) in ``variant`` (plain, layers,
+    autotune), its parameters initialized then cast to ``param_dtype``.
+
+        >>> make_case("gpt2", "layers", dict(layers=2, d=64, heads=4, vocab=1003, batch=2, seq=32))
+    """
+    if model == "decode":
+        return decode_case(variant, sizes, param_dtype)
+    module, loss, optimizer, step = train_parts(model, variant, sizes)
+    batch = example_batch(model, sizes)
+    params = cast_params(module.init(jax.random.key(1), batch[0]), param_dtype)
+
+    def train_step(state, batch):
+        params, opt_state, value = step(*state, batch)
+        return (params, opt_state), value
+
+    return Case(loss, (params, batch), True, train_step, (params, optimizer.init(params)), batch)
+
+
+def train_parts(model: str, variant: str, sizes: dict):
+    """(flax module, loss(params, batch), optax optimizer, jitted step(params, opt_state,
+    batch) -> (params, opt_state, loss)) of a training model.
+
+        >>> module, loss, optimizer, step = train_parts("llama", "plain", sizes)
+    """
+    module = BUILDERS[model](layer_dot(variant), **sizes)
+
+    def loss(params, batch):
+        inputs, targets = batch
+        logits = module.apply(params, inputs).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    if variant == "autotune":
+        loss = jat.autotune(loss)
+    optimizer = optax.adamw(3e-4)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return module, loss, optimizer, step
+
+
+def decode_case(variant: str, sizes: dict, param_dtype: str) -> Case:
+    """The Llama decoder's decode step: tokens (batch, 1) int32 at ``pos`` over a cache of
+    per-layer (k, v), each (batch, cache, kv_heads, d // heads) bf16, filled with noise up
+    to ``pos = cache // 2``. ``fn`` is decode(params, cache, tokens, pos) -> (logits
+    (batch, vocab) f32, cache); the step jits it with the greedy next token, pos + 1 and the
+    cache donated.
+
+        >>> case = decode_case("plain", dict(model_step.MODELS["decode"], batch=8), "float32")
+    """
+    module = llama(layer_dot(variant), **sizes)
+    batch, length, layers = sizes["batch"], sizes["cache"], sizes["layers"]
+    tokens = jax.random.randint(jax.random.key(0), (batch, 1), 0, sizes["vocab"])
+    params = cast_params(module.init(jax.random.key(1), tokens), param_dtype)
+    shape = (batch, length, sizes["kv_heads"], sizes["d"] // sizes["heads"])
+    keys = iter(jax.random.split(jax.random.key(2), 2 * layers))
+    cache = tuple((jax.random.normal(next(keys), shape, BF16), jax.random.normal(next(keys), shape, BF16))
+                  for _ in range(layers))
+    pos = jnp.asarray(length // 2, jnp.int32)
+
+    def decode(params, cache, tokens, pos):
+        logits, cache = module.apply(params, tokens, cache, pos)
+        return logits[:, -1].astype(jnp.float32), cache
+
+    if variant == "autotune":
+        decode = jat.autotune(decode)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(state, params):
+        cache, tokens, pos = state
+        logits, cache = decode(params, cache, tokens, pos)
+        chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
+        return (cache, chosen, pos + 1), jax.nn.logsumexp(logits, axis=-1).mean()
+
+    return Case(decode, (params, cache, tokens, pos), False, step, (cache, tokens, pos), params)
+
+
+def example_batch(model: str, sizes: dict) -> tuple:
+    """(inputs, integer targets): tokens (batch, seq) and the same shifted by one, or for
+    ``vit`` images (batch, image, image, 3) bf16 and labels (batch,) int32.
+
+        >>> images, labels = example_batch("vit", model_step.MODELS["vit"])
+    """
+    if model == "vit":
+        side = sizes["image"]
+        images = jax.random.normal(jax.random.key(0), (sizes["batch"], side, side, 3), BF16)
+        return images, jax.random.randint(jax.random.key(2), (sizes["batch"],), 0, sizes["classes"], jnp.int32)
+    tokens = jax.random.randint(jax.random.key(0), (sizes["batch"], sizes["seq"]), 0, sizes["vocab"])
+    return tokens, jnp.roll(tokens, -1, axis=1)
+
+
+def cast_params(params, dtype: str):
+    """``params`` with every floating leaf cast to ``dtype`` (bf16 master weights)."""
+    return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+
+
+def layer_dot(variant: str) -> Callable:
+    """The ``dot_general`` of every Dense: ``jat.dot_general`` for ``layers``, else lax's."""
+    return jat.dot_general if variant == "layers" else jax.lax.dot_general
+
+
+def dense_layer(dot: Callable, bias: bool) -> Callable:
+    """``dense(features, name)``: a bf16 ``nn.Dense`` through ``dot`` (inside a compact call)."""
+    return lambda features, name: nn.Dense(features, use_bias=bias, dtype=BF16, dot_general=dot, name=name)
+
+
+def attention(q, k, v, mask=None):
+    """Softmax attention, (batch, t, heads * head_dim) bf16, of q (batch, t, heads,
+    head_dim) over k, v (batch, s, kv_heads, head_dim): each key-value head serves
+    heads // kv_heads query heads; ``mask`` (broadcast to (batch, heads, t, s)) keeps
+    where true, ``"causal"`` is the lower triangle (t == s), None keeps all.
+
+        >>> attention(q, k, v, "causal")
+    """
+    b, t, heads, head_dim = q.shape
+    if k.shape[2] != heads:  # grouped-query
+        k, v = (jnp.repeat(z, heads // k.shape[2], axis=2) for z in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
+    if isinstance(mask, str):
+        mask = jnp.tril(jnp.ones((t, t), bool))
+    if mask is not None:
+        scores = jnp.where(mask, scores, -1e9)
+    weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(BF16), v).reshape(b, t, heads * head_dim)
+
+
+def pre_ln_block(dot: Callable, *, d: int, heads: int, hidden: int, causal: bool):
+    """The GPT-2 / ViT block class: LayerNorm, fused qkv, attention (causal or not), proj;
+    LayerNorm, GELU MLP of ``hidden``; both residual."""
+    dense = dense_layer(dot, bias=True)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, t, _ = x.shape
+            h = nn.LayerNorm(dtype=BF16)(x)
+            q, k, v = jnp.split(dense(3 * d, "qkv")(h).reshape(b, t, 3 * heads, d // heads), 3, axis=2)
+            x = x + dense(d, "proj")(attention(q, k, v, "causal" if causal else None))
+            h = nn.LayerNorm(dtype=BF16)(x)
+            return x + dense(d, "down")(nn.gelu(dense(hidden, "up")(h)))
+
+    return Block
+
+
+def gpt2(dot, *, layers: int, d: int, heads: int, vocab: int, seq: int, **_):
+    """GPT-2: token and learned position embeddings, causal blocks, an untied head;
+    tokens (batch, seq) -> logits (batch, seq, vocab).
+
+        >>> gpt2(jax.lax.dot_general, layers=12, d=768, heads=12, vocab=50257, seq=1024)
+    """
+    block = pre_ln_block(dot, d=d, heads=heads, hidden=4 * d, causal=True)
+    dense = dense_layer(dot, bias=True)
+
+    class GPT(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(vocab, d, dtype=BF16)(tokens)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (seq, d)).astype(BF16)
+            for i in range(layers):
+                x = block(name=f"block{i}")(x)
+            return dense(vocab, "head")(nn.LayerNorm(dtype=BF16)(x))
+
+    return GPT()
+
+
+def vit(dot, *, layers: int, d: int, heads: int, mlp: int, image: int, patch: int, classes: int, **_):
+    """ViT: images (batch, image, image, 3) cut into (image // patch)**2 patches of
+    patch * patch * 3, a Dense to d, a class token in front, learned positions,
+    bidirectional blocks, a head on the class token -> logits (batch, classes).
+
+        >>> vit(jax.lax.dot_general, layers=12, d=768, heads=12, mlp=3072, image=224, patch=16, classes=1000)
+    """
+    block = pre_ln_block(dot, d=d, heads=heads, hidden=mlp, causal=False)
+    dense = dense_layer(dot, bias=True)
+    grid = image // patch
+
+    class ViT(nn.Module):
+        @nn.compact
+        def __call__(self, images):
+            b = images.shape[0]
+            patches = images.reshape(b, grid, patch, grid, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+            x = dense(d, "patch")(patches.reshape(b, grid * grid, patch * patch * 3))
+            cls = jnp.broadcast_to(self.param("cls", nn.initializers.zeros, (1, 1, d)).astype(BF16), (b, 1, d))
+            x = jnp.concatenate([cls, x], axis=1)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (grid * grid + 1, d)).astype(BF16)
+            for i in range(layers):
+                x = block(name=f"block{i}")(x)
+            return dense(classes, "head")(nn.LayerNorm(dtype=BF16)(x[:, 0]))
+
+    return ViT()
+
+
+def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, vocab: int, **_):
+    """Llama-style: RMSNorm, grouped-query attention, SwiGLU, no biases, an untied head.
+    ``apply(params, tokens)`` -> logits (batch, t, vocab), causal over the tokens;
+    ``apply(params, tokens, cache, pos)`` -> (logits, cache): each layer writes the tokens'
+    k, v into its cache (k, v) at ``pos`` and attends over the cache up to them.
+
+        >>> llama(jax.lax.dot_general, layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003)
+    """
+    head_dim = d // heads
+    dense = dense_layer(dot, bias=False)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, cache=None, pos=None):
+            b, t, _ = x.shape
+            h = nn.RMSNorm(dtype=BF16)(x)
+            q = dense(heads * head_dim, "q")(h).reshape(b, t, heads, head_dim)
+            k = dense(kv_heads * head_dim, "k")(h).reshape(b, t, kv_heads, head_dim)
+            v = dense(kv_heads * head_dim, "v")(h).reshape(b, t, kv_heads, head_dim)
+            mask = "causal"
+            if cache is not None:
+                k, v = (jax.lax.dynamic_update_slice(c, z.astype(c.dtype), (0, pos, 0, 0))
+                        for c, z in zip(cache, (k, v)))
+                mask = jnp.arange(k.shape[1])[None, :] <= pos + jnp.arange(t)[:, None]  # (t, s) causal
+            x = x + dense(d, "o")(attention(q, k, v, mask))
+            h = nn.RMSNorm(dtype=BF16)(x)
+            x = x + dense(d, "down")(jax.nn.silu(dense(hidden, "gate")(h)) * dense(hidden, "up")(h))
+            return x if cache is None else (x, (k, v))
+
+    class Llama(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, cache=None, pos=None):
+            x, written = nn.Embed(vocab, d, dtype=BF16)(tokens), []
+            for i in range(layers):
+                if cache is None:
+                    x = Block(name=f"block{i}")(x)
+                else:
+                    x, kv = Block(name=f"block{i}")(x, cache[i], pos)
+                    written.append(kv)
+            logits = dense(vocab, "head")(nn.RMSNorm(dtype=BF16)(x))
+            return logits if cache is None else (logits, tuple(written))
+
+    return Llama()
+
+
+BUILDERS = {"gpt2": gpt2, "llama": llama, "vit": vit}  # the training models' builders
