@@ -10,7 +10,9 @@
 #   bench    the GPU suite with its peers
 #   context  the context suite's plain and tuned side (context_suite.py --phase jax)
 #   inductor the context suite's Inductor side, one child per case and variant
-#   model    the model steps (GPT-2-small and the Llama-style decoder; plain, per layer, autotune)
+#   model    the model steps (MODELS: gpt2, llama, vit, decode; PARAM_DTYPE float32 or bfloat16;
+#            plain, per layer, autotune)
+#   profile  a training step's device time by kernel class (PROFILE_MODELS, PROFILE_VARIANTS)
 #     bash benchmarks/h200_run.sh OUTDIR tests
 # The package is built and installed once per run. Wheels put in .whl/ (packages the machine
 # lacks, e.g. platformdirs) are installed first, offline.
@@ -89,8 +91,15 @@ for part in ${parts//,/ }; do
       ;;
     model)
       ( cd "$repo/benchmarks" && timeout "${MODEL_TIMEOUT:-560}" python3 model_step.py --out "$out" \
-          --models "${MODELS:-gpt2,llama}" --timeout-s "${VARIANT_TIMEOUT:-150}" > "$out/model_step.log" 2>&1
+          --models "${MODELS:-gpt2,llama}" --param-dtype "${PARAM_DTYPE:-float32}" \
+          --timeout-s "${VARIANT_TIMEOUT:-150}" > "$out/model_step.log" 2>&1
         echo "exit $?" >> "$out/model_step.log" )
+      ;;
+    profile)
+      ( cd "$repo/benchmarks" && timeout "${PROFILE_TIMEOUT:-300}" python3 step_profile.py --out "$out" \
+          --models "${PROFILE_MODELS:-gpt2}" --variants "${PROFILE_VARIANTS:-plain,layers,autotune}" \
+          > "$out/step_profile.log" 2>&1
+        echo "exit $?" >> "$out/step_profile.log" )
       ;;
   esac
 done

@@ -24,6 +24,10 @@ same ``jat.autotune(fn)`` to warmup and to ``jax.jit``:
     >>> jat.warmup(step, params, batch, grad=True)
     >>> jax.jit(step)(params, batch)                 # tunes nothing now
 
+For a ``jat.autotune`` function, warmup ends by timing the whole program tuned against
+plain and leaving the keys that make it slower to lax in it (``program_check``;
+``report.program``; ``compare=False`` skips it).
+
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
 keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. On a
@@ -220,6 +224,15 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         work = [(p, p.key(level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
+    entries = _tuned(work, tuner, progress)
+    if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
+        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner)
+        return WarmupReport(tuple(entries), program)
+    return WarmupReport(tuple(entries))
+
+
+def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress) -> list[WarmupEntry]:
+    """Each key of ``work`` decided (tuned where it must be), in the report's order."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
@@ -236,11 +249,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),
                              first_problem.items())
-        entries = [WarmupEntry.of(decision) for decision in track(decisions)]
-    if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
-        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner)
-        return WarmupReport(tuple(entries), program)
-    return WarmupReport(tuple(entries))
+        return [WarmupEntry.of(decision) for decision in track(decisions)]
 
 
 def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck | None:

@@ -294,7 +294,8 @@ def test_warmup_with_grad_tunes_exactly_the_keys_the_training_step_compiles(fres
         return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
 
     step = jat.autotune(ce)
-    warmed = {e.key for e in jat.warmup(step, params, x, labels, grad=True)}
+    # compare=False: the program check compiles the step, and JAX reuses its lowerings
+    warmed = {e.key for e in jat.warmup(step, params, x, labels, grad=True, compare=False)}
     tuned = jat.stats()["tuned"]
     for train in (jax.value_and_grad(step), jax.grad(step)):
         with record_decisions() as asked:
