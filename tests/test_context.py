@@ -302,3 +302,23 @@ def test_warmup_with_grad_tunes_exactly_the_keys_the_training_step_compiles(fres
             jax.jit(train).lower(params, x, labels).compile()
         assert {d.key for d in asked} == warmed
     assert jat.stats()["tuned"] == tuned == len(warmed)
+
+
+def test_warmup_tunes_no_key_of_dead_code_in_nested_jits_and_scans(fresh_tuning):
+    """jit drops what no output reads, nested too: warmup finds exactly the live keys."""
+    @jax.jit
+    def inner(x, w):
+        unused = jnp.tanh(x @ w.T @ w)  # noqa: F841 - dead: jit drops it
+        return x @ w
+
+    def through_jit(x, w):
+        return jnp.sum(inner(x, w))
+
+    def through_scan(x, w):
+        y, _ = jax.lax.scan(lambda c, _: (c @ w, jnp.tanh(c @ w.T)), x, None, length=2)
+        return jnp.sum(y)
+
+    x, w = rand(60, 8, 16), rand(61, 16, 16)
+    for fn in (through_jit, through_scan):
+        report = jat.warmup(jat.autotune(fn), x, w, compare=False)
+        assert len(report) == 1 and report.entries[0].key.epilogue.is_bare
