@@ -15,6 +15,8 @@ plain in that program:
   winner's) x the key's uses), are left plain as a prefix of that order, the shortest
   prefix with which the program is no slower than plain (a binary search: about
   log2(keys) compiles; leaving every key plain *is* the plain program);
+* where every key's winner is XLA's dot, nothing is compiled: the tuned program could only
+  add layout ops to plain's, so every key is left plain;
 * the result is kept with the program's identity (``tuning.programs``), in the store too,
   so the next process's trace leaves the same dots plain; a later warmup that tunes
   nothing new reads it instead of checking again.
@@ -44,8 +46,9 @@ ROUNDS = 7  # timed runs of each program, interleaved, after two untimed ones
 @dataclasses.dataclass(frozen=True)
 class ProgramCheck:
     """What ``check`` found for one program: the times plain, tuned, and with the keys
-    ``left_plain``; ``compiles`` made and ``seconds`` spent; ``source`` "checked" or
-    "stored" (an earlier check's result, nothing compiled)."""
+    ``left_plain``; ``compiles`` made and ``seconds`` spent; ``source`` "checked",
+    "stored" (an earlier check's result, nothing compiled) or "xla" (every key's winner is
+    XLA's dot: every key left plain, nothing compiled or timed, the times 0)."""
 
     plain_seconds: float
     tuned_seconds: float
@@ -60,6 +63,10 @@ class ProgramCheck:
         def ms(seconds):
             return f"{seconds * 1e3:.3g} ms"
 
+        if self.source == "xla":
+            return (f"program: every key's winner is XLA's dot: its {self.keys} keys left plain "
+                    f"(the program as written) [no compile]")
+
         text = (f"program: plain {ms(self.plain_seconds)}, tuned {ms(self.tuned_seconds)} "
                 f"({self.plain_seconds / self.tuned_seconds:.2f}x)")
         if self.left_plain:
@@ -73,12 +80,20 @@ Measure = Callable[[frozenset], tuple[float, float]]  # keys left plain -> (seco
 
 
 def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: dict[MatmulKey, int],
-          gains: dict[MatmulKey, float], tuner, measure: Measure | None = None) -> ProgramCheck:
+          gains: dict[MatmulKey, float], tuner, measure: Measure | None = None,
+          xla_won: frozenset = frozenset()) -> ProgramCheck:
     """Compare ``target(*args)`` tuned and plain; leave the keys that cost it plain in the
     programs ``program_ids`` (see the module docstring). ``uses``: how many dots of each
-    key the program has; ``gains``: seconds each key's tuning claims per use."""
+    key the program has; ``gains``: seconds each key's tuning claims per use; ``xla_won``:
+    the keys whose winner is XLA's dot. When that is every key, the tuned program could
+    only add layout ops to plain's: every key is left plain without compiling anything."""
     started = time.perf_counter()
     keys = sorted(uses, key=lambda k: (max(gains.get(k, 0.0), 0.0) * uses[k], k.canonical()))
+    if keys and set(keys) <= xla_won:
+        record = programs.ProgramRecord(0.0, 0.0, 0.0, tuple(k.canonical() for k in keys))
+        for program in program_ids:
+            programs.remember(tuner, program, record)
+        return ProgramCheck(0.0, 0.0, 0.0, len(keys), tuple(keys), 0, time.perf_counter() - started, "xla")
     timed = measure or _WallClock(target, args, program_ids, tuner, frozenset(keys))
     try:
         tuned, plain = timed(frozenset())
@@ -101,7 +116,7 @@ def stored(program_ids: set[str], tuner, keys: int) -> ProgramCheck | None:
     first = records[0]
     left = tuple(sorted(set().union(*(r.keys() for r in records)), key=MatmulKey.canonical))
     return ProgramCheck(first.plain_seconds, first.tuned_seconds, first.final_seconds, keys, left,
-                        source="stored")
+                        source="stored" if first.plain_seconds else "xla")
 
 
 def _shortest_prefix(keys: list[MatmulKey], timed: Measure, plain: float) -> tuple[list[MatmulKey], float]:

@@ -267,7 +267,8 @@ def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck
             return earlier
     gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
              if e.xla_seconds is not None and e.winner_seconds is not None}
-    return program_check.check(target, args, program_ids, uses, gains, tuner)
+    xla_won = frozenset(e.key for e in entries if e.winner == XLA_DOT_NAME)
+    return program_check.check(target, args, program_ids, uses, gains, tuner, xla_won=xla_won)
 
 
 def _warn_untuned(jaxprs) -> None:

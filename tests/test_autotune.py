@@ -514,11 +514,10 @@ def test_warmup_tunes_exactly_the_keys_a_compile_asks_for(fresh_tuning, tmp_path
     config.update("cache_dir", str(tmp_path / "second"))  # start again: an empty store and table
     reset_tuners()
     tuned = jat.autotune(fn)
-    report = jat.warmup(tuned, *args, grad=True)
+    report = jat.warmup(tuned, *args, grad=True, compare=False)  # the keys alone (test_program_check)
     assert {entry.key for entry in report} == compiled_keys
     assert len(report) == report.count("tuned") == len(compiled_keys)
     tunings = jat.stats()["tuned"]
     lowered, served_from_memory = compile_value_and_grad(tuned)
-    # the compile tuned nothing (warmup's program check compiled the step before: JAX may
-    # reuse some of its lowerings)
-    assert lowered >= 1 and served_from_memory == lowered and jat.stats()["tuned"] == tunings
+    # the compile tuned nothing
+    assert lowered >= len(compiled_keys) and served_from_memory == lowered and jat.stats()["tuned"] == tunings
