@@ -23,7 +23,7 @@ plain in that program:
 
     >>> report = jat.warmup(jat.autotune(loss), params, batch, grad=True)
     >>> print(report.program)
-    program: plain 41.2 ms, tuned 44.9 ms (0.92x); 3 of 23 keys left plain: 40.8 ms (1.01x)
+    program: plain 3.52 ms, tuned 5.26 ms (0.67x); 10 of 10 keys left plain: 3.52 ms (1.00x) [5 compiles, 14.7 s]
 """
 
 from __future__ import annotations
