@@ -134,6 +134,7 @@ class _Traced:
     source: ClosedJaxpr  # as traced, before the rewrite
     program: str  # its identity (``tuning.programs``)
     left_plain: frozenset = frozenset()  # keys whose dots the rewrite left to lax
+    checked_at: int = -1  # the ``programs.generation()`` left_plain was read at
     backwards: dict = dataclasses.field(default_factory=dict)
 
     def result(self, arrays):
@@ -205,15 +206,18 @@ def programs_traced():
 def _as_checked(traced: _Traced) -> _Traced:
     """``traced`` rewritten again if the keys its program leaves plain changed (a check in
     ``warmup`` found that they cost it; ``jax_autotune.program_check``)."""
-    left = _left_plain(traced.program)
-    if left == traced.left_plain:
+    generation = programs.generation()
+    if traced.checked_at == generation:  # no check kept or dropped since: nothing to read
         return traced
+    left = _keys_left_plain(traced.program)
+    if left == traced.left_plain:
+        return dataclasses.replace(traced, checked_at=generation)
     with leaving_plain(left):
         closed = _rewrite(traced.source)
-    return dataclasses.replace(traced, closed=closed, left_plain=left, backwards={})
+    return dataclasses.replace(traced, closed=closed, left_plain=left, backwards={}, checked_at=generation)
 
 
-def _left_plain(program: str) -> frozenset:
+def _keys_left_plain(program: str) -> frozenset:
     """The keys ``program`` leaves to lax on this platform; none where nothing was checked
     (or the store cannot say: never an error for the user's program)."""
     if config.get("mode") == "off":

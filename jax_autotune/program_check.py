@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from jax_autotune.dtypes import is_floating
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import programs
 
@@ -183,7 +184,7 @@ def _concrete(args):
     def leaf(x):
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
-        if np.issubdtype(np.dtype(x.dtype), np.floating) or "float" in np.dtype(x.dtype).name:
+        if is_floating(x.dtype):
             return jax.numpy.asarray(rng.standard_normal(x.shape) * 0.02, x.dtype)
         return jax.numpy.zeros(x.shape, x.dtype)
 

@@ -67,6 +67,13 @@ class ProgramRecord:
 
 _memory: dict[tuple[str, str, str], ProgramRecord | None] = {}
 _lock = threading.Lock()
+_generation = 0  # counts the changes of what is kept: a trace re-reads its record after one
+
+
+def generation() -> int:
+    """How many times a check was kept or the memory dropped in this process (a trace that
+    read its record at this generation need not read it again)."""
+    return _generation
 
 
 def identity(name: str, jaxpr_text: str) -> str:
@@ -94,17 +101,21 @@ def left_plain(tuner, program: str) -> frozenset[MatmulKey]:
 
 def remember(tuner, program: str, check: ProgramRecord, persist: bool = True) -> None:
     """Keep ``check`` for ``program``: in memory, and (``persist``) in the store."""
+    global _generation
     where = (program_namespace(tuner.device.fingerprint), program, tuner.checksum)
     with _lock:
         _memory[where] = check
+        _generation += 1
     if persist:
         tuner.store.put(*where, check.to_json())
 
 
 def forget() -> None:
     """Drop the checks held in memory (the store keeps its rows)."""
+    global _generation
     with _lock:
         _memory.clear()
+        _generation += 1
 
 
-__all__ = ["ProgramRecord", "identity", "record", "left_plain", "remember", "forget"]
+__all__ = ["ProgramRecord", "identity", "record", "left_plain", "remember", "forget", "generation"]

@@ -11,7 +11,7 @@ key). A fused candidate (``Candidate.product``: ``triton_gemm_X_epilogue`` compu
 Only the bare tuning counts: in another context XLA may have fused a heavy epilogue that
 made every custom call look slow.
 
-    >>> lost = losers(plan_candidates, [bare_decision], ratio=1.5)
+    >>> lost = losers(plan_candidates, bare_decision, ratio=1.5)
     >>> lost["triton_gemm_64x64_epilogue"]
     'lost by 2.31x to cublaslt_algo0 on the same product (key m=1024 ...)'
 """
@@ -19,7 +19,7 @@ made every custom call look slow.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from jax_autotune.epilogue import BARE
 from jax_autotune.key import MatmulKey
@@ -34,29 +34,21 @@ def product_key(key: MatmulKey) -> MatmulKey:
     return dataclasses.replace(key, epilogue=BARE)
 
 
-def losers(candidates: Sequence[Candidate], priors: Iterable[Decision], ratio: float) -> dict[str, str]:
-    """{candidate name: why it is not timed} for the candidates that failed or lost by
-    over ``ratio`` x the best in every one of ``priors`` (tunings of the same bare product)
-    that measured their kernel."""
-    verdicts: dict[str, list[str]] = {}
-    for prior in priors:
-        best = min((r.score for r in prior.results if r.eligible), default=None)
-        winner = prior.winner
-        for candidate in candidates:
-            result = prior.result(candidate.product or candidate.name)
-            if result is None:
-                continue
-            if result.outcome in _FAILED:
-                verdict = f"{result.outcome} on the same product"
-            elif result.score is not None and best and result.score > ratio * best:
-                verdict = f"lost by {result.score / best:.2f}x to {winner} on the same product"
-            elif result.score is not None:
-                verdict = ""  # measured and close: timed again
-            else:
-                continue  # skipped there: nothing known
-            verdicts.setdefault(candidate.name, []).append(
-                f"{verdict} (key {prior.key.canonical()[:120]})" if verdict else "")
-    return {name: found[0] for name, found in verdicts.items() if all(found)}
+def losers(candidates: Sequence[Candidate], bare: Decision, ratio: float) -> dict[str, str]:
+    """{candidate name: why it is not timed} for the candidates whose kernel failed, or
+    lost by over ``ratio`` x the best, in ``bare`` (the tuning of the bare product)."""
+    best = min((r.score for r in bare.results if r.eligible), default=None)
+    where = f"on the same product (key {bare.key.canonical()[:120]})"
+    found = {}
+    for candidate in candidates:
+        result = bare.result(candidate.product or candidate.name)
+        if result is None:
+            continue
+        if result.outcome in _FAILED:
+            found[candidate.name] = f"{result.outcome} {where}"
+        elif result.score is not None and best and result.score > ratio * best:
+            found[candidate.name] = f"lost by {result.score / best:.2f}x to {bare.winner} {where}"
+    return found
 
 
 __all__ = ["losers", "product_key"]

@@ -327,7 +327,7 @@ class Tuner:
         if bare is None or bare.source == "fallback":
             return {}
         rounds = {c.name: r.label for r in plan.runnable for c in r.candidates}
-        lost = reuse.losers([c for r in plan.runnable for c in r.candidates], [bare], self.rules.reuse_ratio)
+        lost = reuse.losers([c for r in plan.runnable for c in r.candidates], bare, self.rules.reuse_ratio)
         return {name: CandidateResult(name, "skipped", round=rounds[name], error=why) for name, why in lost.items()}
 
     def _budget(self) -> float:
