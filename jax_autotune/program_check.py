@@ -28,6 +28,7 @@ plain in that program:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import statistics
 import time
@@ -39,6 +40,7 @@ import numpy as np
 from jax_autotune.dtypes import is_floating
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import programs
+from jax_autotune.tuning.threads import carrying_x64
 
 MARGIN = 0.01  # tuned may be this much slower than plain and count as no slower (timing noise)
 ROUNDS = 7  # timed runs of each program, interleaved, after two untimed ones
@@ -153,17 +155,25 @@ class _WallClock:
         self._plain = None
         self._timed: dict[frozenset, tuple[float, float]] = {}
 
-    def _compiled(self, left: frozenset):
-        self.compiles += 1
-        _leave(self.program_ids, self.tuner, left, persist=False)
-        return jax.jit(lambda *a: self.target(*a)).lower(*self.args).compile()
+    def _lowered(self, left: frozenset):
+        _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
+        return jax.jit(lambda *a: self.target(*a)).lower(*self.args)
+
+    def _compiled(self, *lowered):
+        """Each of ``lowered`` compiled, at once on threads: XLA compiles without the GIL."""
+        self.compiles += len(lowered)
+        if len(lowered) == 1:
+            return [lowered[0].compile()]
+        with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
+            return list(pool.map(carrying_x64(lambda program: program.compile()), lowered))
 
     def __call__(self, left: frozenset) -> tuple[float, float]:
         if left in self._timed:
             return self._timed[left]
-        if self._plain is None:
-            self._plain = self._compiled(self.every_key)
-        trial = self._compiled(left)
+        if self._plain is None:  # the first trial: both programs compile together
+            self._plain, trial = self._compiled(self._lowered(self.every_key), self._lowered(left))
+        else:
+            trial, = self._compiled(self._lowered(left))
         for compiled in (self._plain, trial) * 2:  # untimed: caches, allocations
             jax.block_until_ready(compiled(*self.args))
         runs: dict[int, list[float]] = {0: [], 1: []}
