@@ -1,0 +1,273 @@
+"""Grouped matmuls (MoE experts, ``lax.ragged_dot``) on a GPU: XLA, tuned and peers, against dense.
+
+    python benchmarks/moe_suite.py --out benchmarks/results [--cases NAME,NAME] [--modes bare,swiglu,backward]
+
+Each case is one expert layer: ``experts`` weight matrices (k, n) and ``m`` rows (tokens times
+top-k) split among them, in two splits: ``equal`` and ``skewed`` (group sizes falling
+geometrically, the last eighth of the experts empty). Each is measured in three modes:
+* bare: ``ragged_dot(x, w, sizes)``;
+* swiglu: the up projection in its context, ``silu(ragged_dot(x, wg)) * ragged_dot(x, wu)``;
+* backward: the forward and both gradients (``jax.grad`` of a weighted sum, wrt x and w).
+Variants, side by side in one process: XLA (``jax.jit`` of the lax function), tuned
+(``jax.jit(jat.autotune(fn))``, the same function unchanged) and a dense matmul of the same
+FLOPs (the floor to aim at: (m, k) x (k, n), in the same mode). Device time of all the
+kernels of one call: CUPTI, median of 3 alternating rounds of 20 runs. The tuned result is
+compared with XLA's (max relative error) in every row. Peers in a child process each:
+torch's grouped matmul (``torch._grouped_mm``, bf16, bare) when this torch has it, and
+tokamax's ``ragged_dot`` when tokamax imports; a peer that fails or is absent is reported
+as such. Writes moe_suite_<date>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the device
+
+import peers  # noqa: E402
+from report import geomean, write_results  # noqa: E402
+
+MODES = ("bare", "swiglu", "backward")
+SPLITS = ("equal", "skewed")
+FLOP_FACTOR = {"bare": 1, "swiglu": 2, "backward": 3}  # ragged products per call
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    experts: int
+    m: int  # rows: tokens x top-k
+    k: int
+    n: int
+
+    def flops(self, mode: str) -> float:
+        return 2.0 * self.m * self.k * self.n * FLOP_FACTOR[mode]
+
+
+CASES = [
+    Case("mixtral_up", 8, 8192, 4096, 14336),
+    Case("mixtral_down", 8, 8192, 14336, 4096),
+    Case("dbrx_up", 16, 8192, 6144, 10752),
+    Case("deepseek_up", 64, 16384, 2048, 1408),
+    Case("qwen_moe_up", 128, 16384, 2048, 768),
+    Case("qwen_moe_down", 128, 16384, 768, 2048),
+]
+
+
+def group_sizes(case: Case, split: str):
+    """int32 sizes summing to ``case.m``: equal, or falling by a factor 0.8 per expert with
+    the last eighth empty."""
+    import numpy as np
+    if split == "equal":
+        sizes = np.full(case.experts, case.m // case.experts)
+    else:
+        live = max(1, case.experts - case.experts // 8)
+        weights = 0.8 ** np.arange(live)
+        sizes = np.concatenate([np.floor(weights / weights.sum() * case.m), np.zeros(case.experts - live)])
+    sizes = sizes.astype(np.int32)
+    sizes[0] += case.m - sizes.sum()
+    return sizes
+
+
+def functions(mode: str, ragged):
+    """``fn(x, w, extra, sizes)`` computing ``mode`` with ``ragged(x, w, sizes)`` as the grouped
+    product; ``extra`` is the second weight (swiglu) or the output's cotangent (backward)."""
+    import jax
+    import jax.numpy as jnp
+
+    if mode == "bare":
+        return lambda x, w, extra, sizes: ragged(x, w, sizes)
+    if mode == "swiglu":
+        return lambda x, w, extra, sizes: jax.nn.silu(ragged(x, w, sizes)) * ragged(x, extra, sizes)
+
+    def loss(x, w, cotangent, sizes):
+        return jnp.sum(ragged(x, w, sizes).astype(jnp.float32) * cotangent)
+    return jax.grad(loss, argnums=(0, 1))
+
+
+def dense_product(x, w, sizes):
+    """The floor: one (m, k) x (k, n) matmul, the same FLOPs as the grouped one."""
+    import jax.numpy as jnp
+    return jnp.dot(x, w[0])
+
+
+def operands(case: Case, mode: str, dtype: str):
+    import jax
+    import jax.numpy as jnp
+    keys = jax.random.split(jax.random.key(case.experts * 7 + case.n), 3)
+    x = jax.random.normal(keys[0], (case.m, case.k), jnp.float32).astype(dtype)
+    w = (jax.random.normal(keys[1], (case.experts, case.k, case.n), jnp.float32) / case.k ** 0.5).astype(dtype)
+    shape = (case.m, case.n) if mode == "backward" else (case.experts, case.k, case.n)
+    extra = (jax.random.normal(keys[2], shape, jnp.float32) / case.k ** 0.5).astype(
+        jnp.float32 if mode == "backward" else dtype)
+    return x, w, extra
+
+
+def max_rel_error(got, want) -> float:
+    import jax
+    import numpy as np
+    errors = []
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        errors.append(float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30))
+    return max(errors)
+
+
+def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    import jax_autotune as jat
+
+    rows = []
+    for mode in modes:
+        x, w, extra = operands(case, mode, dtype)
+        xla_fn = jax.jit(functions(mode, lax.ragged_dot))
+        tuned_fn = jax.jit(jat.autotune(functions(mode, lax.ragged_dot)))
+        dense_fn = jax.jit(functions(mode, dense_product))
+        dense_extra = extra if mode == "backward" else extra[:1]
+        for split in SPLITS:
+            sizes = jnp.asarray(group_sizes(case, split))
+            row = {"case": case.name, "mode": mode, "split": split, "experts": case.experts,
+                   "m": case.m, "k": case.k, "n": case.n, "dtype": dtype}
+            try:
+                started = time.perf_counter()
+                tuned_out = jax.block_until_ready(tuned_fn(x, w, extra, sizes))
+                row["tuned_first_call_s"] = round(time.perf_counter() - started, 2)
+                row["tuned_max_rel_error"] = max_rel_error(tuned_out, xla_fn(x, w, extra, sizes))
+                xla_us, tuned_us = peers.interleaved_device_us([xla_fn, tuned_fn], (x, w, extra, sizes))
+                dense_us, = peers.interleaved_device_us([dense_fn], (x, w[:1], dense_extra, sizes))
+                row.update(xla_us=xla_us, tuned_us=tuned_us, dense_us=dense_us)
+            except Exception as err:  # noqa: BLE001 - a failed row is reported, not fatal
+                row["error"] = f"{type(err).__name__}: {err}"[:300]
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _peer_child(peer: str, cases: list) -> None:
+    """In a child: one JSON line per (case, split) with the peer's bare forward time."""
+    for name, experts, m, k, n, split in cases:
+        row: dict = {"case": [name, split]}
+        try:
+            row["us"] = (_torch_grouped_us if peer == "torch" else _tokamax_us)(
+                Case(name, experts, m, k, n), split)
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {err}"[:200]
+        print(json.dumps(row), flush=True)
+
+
+def _torch_grouped_us(case: Case, split: str) -> float:
+    import torch
+    if not hasattr(torch, "_grouped_mm"):
+        raise RuntimeError(f"torch {torch.__version__} has no _grouped_mm")
+    x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(case.experts, case.k, case.n, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.tensor(group_sizes(case, split), device="cuda").cumsum(0).to(torch.int32)
+    return peers.torch_kernel_us(lambda: torch._grouped_mm(x, w, offs=offsets))
+
+
+def _tokamax_us(case: Case, split: str) -> float:
+    import jax
+    import jax.numpy as jnp
+    import tokamax
+    x = jax.random.normal(jax.random.key(0), (case.m, case.k), jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (case.experts, case.k, case.n), jnp.bfloat16)
+    sizes = jnp.asarray(group_sizes(case, split))
+    fn = jax.jit(lambda x, w, s: tokamax.ragged_dot(x, w, s))
+    return peers.interleaved_device_us([fn], (x, w, sizes))[0]
+
+
+def peer_rows(peer: str, cases: list[Case], timeout_s: float) -> dict:
+    """{(case, split): {'us' or 'error'}} from a child process of its own (torch.profiler
+    keeps CUPTI subscribed; tokamax's imports stay out of the tuned process)."""
+    import subprocess
+    args = [[c.name, c.experts, c.m, c.k, c.n, s] for c in cases for s in SPLITS]
+    try:
+        done = subprocess.run([sys.executable, __file__, "--peer-child", peer, json.dumps(args)],
+                              capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+        out = done.stdout
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+    found = {}
+    for line in out.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        found[tuple(row.pop("case"))] = row
+    return found
+
+
+def _us(value) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+
+
+def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
+    lines = [header, ""]
+    for mode in MODES:
+        mode_rows = [r for r in rows if r["mode"] == mode]
+        if not mode_rows:
+            continue
+        lines += [f"## {mode}", "",
+                  "| case | experts | m x k x n | split | XLA us | tuned us | dense us | torch us | tokamax us "
+                  "| XLA / tuned | tuned TFLOP/s | tuned / dense speed | tuned first call s | max rel err |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in mode_rows:
+            case = next(c for c in CASES if c.name == r["case"])
+            peer = {p: peer_found[p].get((r["case"], r["split"]), {}) if mode == "bare" else {}
+                    for p in peer_found}
+            tuned, xla, dense_us = r.get("tuned_us"), r.get("xla_us"), r.get("dense_us")
+            ok = tuned and xla and dense_us
+            lines.append(
+                f"| {r['case']} | {r['experts']} | {r['m']}x{r['k']}x{r['n']} | {r['split']} | {_us(xla)} "
+                f"| {_us(tuned)} | {_us(dense_us)} | {_us(peer.get('torch', {}).get('us'))} "
+                f"| {_us(peer.get('tokamax', {}).get('us'))} | {f'{xla / tuned:.2f}' if ok else '-'} "
+                f"| {f'{case.flops(mode) / tuned / 1e6:.0f}' if ok else '-'} "
+                f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {r.get('tuned_first_call_s', '-')} "
+                f"| {r.get('tuned_max_rel_error', r.get('error', '-'))} |")
+        done = [r for r in mode_rows if r.get("tuned_us") and r.get("xla_us")]
+        lines += ["", f"Geomean XLA / tuned: {geomean([r['xla_us'] / r['tuned_us'] for r in done]):.2f}; "
+                      f"tuned / dense speed: {geomean([r['dense_us'] / r['tuned_us'] for r in done]):.2f}.", ""]
+    for peer, found in peer_found.items():
+        errors = sorted({row["error"] for row in found.values() if "error" in row})
+        if errors or not found:
+            lines.append(f"- {peer}: " + ("; ".join(errors) if errors else "no result (the child failed)"))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--peers", default="torch,tokamax", help="comma-separated; '' for none")
+    parser.add_argument("--peer-timeout-s", type=float, default=240)
+    parser.add_argument("--peer-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peer_child:
+        return _peer_child(args.peer_child[0], json.loads(args.peer_child[1]))
+    names = [n for n in args.cases.split(",") if n]
+    cases = [c for c in CASES if not names or c.name in names]
+    modes = [m for m in args.modes.split(",") if m]
+    peer_found = {p: peer_rows(p, cases, args.peer_timeout_s) for p in args.peers.split(",") if p}
+    rows = [row for case in cases for row in jax_rows(case, modes, args.dtype)]
+    import jax
+    header = (f"# Grouped matmuls on {jax.devices()[0].device_kind}, {datetime.date.today()} "
+              f"(jax {jax.__version__}, {args.dtype})\n\n`python benchmarks/moe_suite.py {' '.join(sys.argv[1:])}`; "
+              "device time per call (CUPTI), tuned = `jax.jit(jat.autotune(fn))` of the unchanged function.")
+    stem = f"moe_suite_{datetime.date.today()}"
+    print(write_results(args.out, stem, markdown(rows, peer_found, header), {"rows": rows, "peers": {
+        p: {"|".join(k): v for k, v in found.items()} for p, found in peer_found.items()}}))
+
+
+if __name__ == "__main__":
+    main()
