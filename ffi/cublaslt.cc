@@ -14,12 +14,6 @@
 // both in out's dtype (a one-element placeholder where unused), and three more attributes:
 // activation (0 none, 1 relu, 2 gelu, cuBLASLt's tanh form), has_bias, has_residual (0 or
 // 1); a residual takes no activation (cuBLASLt would apply it after the residual).
-//
-// Both handlers are command-buffer compatible: XLA captures them into its CUDA graphs with
-// the kernels around them (without the trait every call would split the graph). A call
-// launches one cublasLtMatmul on XLA's stream into the buffers it is given; the one-time
-// host work (the handle, a problem's descriptors and heuristic query) runs under relaxed
-// capture mode, so that it may happen while XLA captures the stream.
 #include "cublaslt.h"
 
 #include <dlfcn.h>
@@ -92,34 +86,6 @@ struct Library {
   Api api{};
   std::map<int32_t, LtHandle> handles;  // by device ordinal
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
-};
-
-// Relaxed stream-capture mode for this thread while it lives (CUDA's driver call, found in
-// the libcuda XLA has loaded): calls CUDA forbids during a capture, such as an allocation in
-// cublasLtCreate, then run outside the graph instead of invalidating it.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    if (exchange() != nullptr) active_ = exchange()(&mode_) == 0;
-  }
-  ~RelaxedCaptureMode() {
-    if (active_) exchange()(&mode_);
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  using Exchange = int (*)(int* mode);  // cuThreadExchangeStreamCaptureMode
-  static Exchange exchange() {
-    static const Exchange fn = [] {
-      void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-      return cuda ? reinterpret_cast<Exchange>(dlsym(cuda, "cuThreadExchangeStreamCaptureMode"))
-                  : nullptr;
-    }();
-    return fn;
-  }
-  int mode_ = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED; the previous mode once exchanged
-  bool active_ = false;
 };
 
 Library& library() {
@@ -274,17 +240,11 @@ ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::Any
       return ffi::Error(ffi::ErrorCode::kUnavailable,
                         std::string(target) + ": cuBLASLt is not loaded (cublaslt.available())");
     LtHandle& slot = lib.handles[device];
-    if (slot == nullptr) {
-      Status st;
-      {
-        const RelaxedCaptureMode relaxed;
-        st = lib.api.create(&slot);
-      }
-      if (st != 0) {
+    if (slot == nullptr)
+      if (Status st = lib.api.create(&slot); st != 0) {
         slot = nullptr;
         return ffi::Error(ffi::ErrorCode::kInternal, status_error("cublasLtCreate", st));
       }
-    }
     handle = slot;
     const int compute = in == ffi::DataType::F32 && tf32 != 0 ? kCompute32FFastTf32 : kCompute32F;
     const uint32_t align_out = alignment(out->untyped_data());
@@ -298,7 +258,6 @@ ffi::Error run_matmul(const char* target, void* stream, int32_t device, ffi::Any
       plan = found->second.get();
     } else {
       std::string error;
-      const RelaxedCaptureMode relaxed;
       plan = make_plan(lib, handle, key, &error);
       if (plan == nullptr) return ffi::Error(ffi::ErrorCode::kInternal, error);
     }
@@ -431,8 +390,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CublasLtHandler, cublaslt_impl,
                                   .Attr<int64_t>("transpose_a")
                                   .Attr<int64_t>("transpose_b")
                                   .Attr<int64_t>("tf32")
-                                  .Attr<int64_t>("algorithm"),
-                              {ffi::Traits::kCmdBufferCompatible});
+                                  .Attr<int64_t>("algorithm"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CublasLtEpilogueHandler, cublaslt_epilogue_impl,
                               ffi::Ffi::Bind()
@@ -450,8 +408,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CublasLtEpilogueHandler, cublaslt_epilogue_impl,
                                   .Attr<int64_t>("algorithm")
                                   .Attr<int64_t>("activation")
                                   .Attr<int64_t>("has_bias")
-                                  .Attr<int64_t>("has_residual"),
-                              {ffi::Traits::kCmdBufferCompatible});
+                                  .Attr<int64_t>("has_residual"));
 
 std::vector<std::pair<const char*, XLA_FFI_Handler*>> cuda_ffi_handlers() {
   return {{"jax_autotune_cublaslt", CublasLtHandler},
