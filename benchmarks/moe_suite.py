@@ -188,22 +188,9 @@ def _tokamax_us(case: Case, split: str) -> float:
 def peer_rows(peer: str, cases: list[Case], timeout_s: float) -> dict:
     """{(case, split): {'us' or 'error'}} from a child process of its own (torch.profiler
     keeps CUPTI subscribed; tokamax's imports stay out of the tuned process)."""
-    import subprocess
     args = [[c.name, c.experts, c.m, c.k, c.n, s] for c in cases for s in SPLITS]
-    try:
-        done = subprocess.run([sys.executable, __file__, "--peer-child", peer, json.dumps(args)],
-                              capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
-        out = done.stdout
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-    found = {}
-    for line in out.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        found[tuple(row.pop("case"))] = row
-    return found
+    return peers.case_rows_from_child(__file__, ["--peer-child", peer, json.dumps(args)], dict(os.environ),
+                                      timeout_s)
 
 
 def _us(value) -> str:

@@ -112,7 +112,13 @@ def torch_peers(cases: list, inductor_budget_s: float, timeout_s: float) -> dict
 
 
 def _run_child(args: list, env: dict, timeout_s: float) -> dict:
-    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE,
+    return case_rows_from_child(__file__, args, env, timeout_s)
+
+
+def case_rows_from_child(script: str, args: list, env: dict, timeout_s: float) -> dict:
+    """``{tuple(row["case"]): row}`` of the JSON lines ``python script *args`` prints, those
+    printed before a timeout too (the child is then killed)."""
+    proc = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         out, _ = proc.communicate(timeout=timeout_s)

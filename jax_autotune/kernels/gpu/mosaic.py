@@ -26,7 +26,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jax_autotune.kernels.gpu.sizes import pad_to, round_up
+from jax_autotune.kernels.gpu.sizes import pad_to, round_up, two_warpgroup_tile
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.device import shared_memory_for_capability
 
@@ -71,9 +71,7 @@ class MosaicConfig:
     @property
     def cta_tile(self) -> tuple[int, int]:
         """(rows, cols) of the output one CTA computes: two warpgroups' tiles."""
-        if self.wg_dimension == "M":
-            return 2 * self.tile_m, self.tile_n
-        return self.tile_m, 2 * self.tile_n
+        return two_warpgroup_tile(self.tile_m, self.tile_n, self.wg_dimension)
 
     @property
     def name(self) -> str:

@@ -47,7 +47,7 @@ import numpy as np
 from jax import lax
 
 from jax_autotune.epilogue import Epilogue, Operand
-from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv
+from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv, two_warpgroup_tile
 from jax_autotune.tuning.device import shared_memory_for_capability
 
 try:
@@ -114,9 +114,7 @@ class MosaicGemmConfig:
     @property
     def cta_tile(self) -> tuple[int, int]:
         """(rows, cols) of the output one CTA computes per step: two warpgroups' tiles."""
-        if self.wg_dimension == "M":
-            return 2 * self.tile_m, self.tile_n
-        return self.tile_m, 2 * self.tile_n
+        return two_warpgroup_tile(self.tile_m, self.tile_n, self.wg_dimension)
 
     @property
     def name(self) -> str:

@@ -28,6 +28,12 @@ def misaligned(size: int, itemsize: int) -> bool:
     return size * itemsize % ROW_ALIGN_BYTES != 0
 
 
+def two_warpgroup_tile(tile_m: int, tile_n: int, wg_dimension: str) -> tuple[int, int]:
+    """(rows, cols) of the output a Hopper CTA of two consumer warpgroups computes per step,
+    each warpgroup ``tile_m x tile_n``, side by side along ``wg_dimension`` ("M" or "N")."""
+    return (2 * tile_m, tile_n) if wg_dimension == "M" else (tile_m, 2 * tile_n)
+
+
 def pad_to(x, shape):
     """``x`` zero-padded at the end of each axis to ``shape`` (``x`` itself when equal)."""
     if tuple(x.shape) == tuple(shape):
