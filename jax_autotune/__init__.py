@@ -3,6 +3,7 @@
     >>> import jax, jax_autotune as jat
     >>> jax.jit(jat.autotune(train_step))               # every matmul inside is tuned
     >>> jax.jit(jat.matmul)(x, w)                       # jnp.matmul semantics, tuned kernel
+    >>> jat.ragged_dot(x, experts, group_sizes)          # lax.ragged_dot, tuned (MoE)
     >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
     >>> jat.export(f, x, w).serialize()                  # a jax.export artifact (serving)
 
@@ -29,7 +30,7 @@ __all__ = [
     "CandidateResult", "Decision", "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem",
     "Precision", "ProgramCheck", "Scale", "TuneTable", "WarmupReport", "__version__", "autotune",
     "config", "deserialize", "dot_general", "export", "export_allowing", "export_disabled_checks",
-    "key_for", "load_table", "matmul", "native_targets", "reset_stats", "stats", "table", "warmup",
+    "key_for", "load_table", "matmul", "native_targets", "ragged_dot", "reset_stats", "stats", "table", "warmup",
     # jax_autotune.errors: two bases, then every error and warning (and two earlier names)
     "JaxAutotuneError", "JaxAutotuneWarning", "ConfigError", "KeyNotTunedError", "TuneTableError",
     "ShardKernelError", "NotARegularFileError", "ConfigWarning", "StoreWarning", "ConsensusWarning",

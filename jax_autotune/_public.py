@@ -11,6 +11,7 @@ from jax_autotune.api import dot_general, key_for, matmul
 from jax_autotune.autotune import autotune
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.ragged import ragged_dot
 from jax_autotune.serving import (deserialize, export, export_allowing, export_disabled_checks,
                                   native_targets)
 from jax_autotune.tables.install import load_table, table

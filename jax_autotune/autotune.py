@@ -7,7 +7,10 @@
     >>> fast(q, k, v)
 
 ``einsum``, ``@``, ``jnp.dot``/``matmul``/``tensordot``, ``lax.dot_general`` and flax's
-``Dense``/``DenseGeneral``/``Einsum``/``nnx.Linear`` all trace to ``dot_general`` equations.
+``Dense``/``DenseGeneral``/``Einsum``/``nnx.Linear`` all trace to ``dot_general`` equations;
+``lax.ragged_dot`` (mixture-of-experts layers) and the ``ragged_dot_general`` equations of
+its gradients (ragged contracting dims included) are bound through
+``jat.ragged_dot_general`` (float operands of one dtype; bare: no epilogue context yet).
 ``fn`` is traced to a jaxpr once per abstract signature, and that jaxpr is traced again
 through a small interpreter that binds every equation as JAX would, except that each
 ``dot_general`` the tuner serves (see ``_tuner_serves``) goes through ``jat.dot_general``,
@@ -71,6 +74,7 @@ from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
+from jax_autotune.ragged import ragged_dot_general
 from jax_autotune.registry import tuner_for
 from jax_autotune.tuning import programs
 
@@ -352,6 +356,9 @@ def _bind(eqn, invals):
         extra = {"out_sharding": params["out_sharding"]} if "out_sharding" in params else {}
         return dot_general(*invals, params["dimension_numbers"], precision=params["precision"],
                            preferred_element_type=params["preferred_element_type"], **extra)
+    if name == "ragged_dot_general" and _ragged_served(eqn):
+        return ragged_dot_general(*invals, params["ragged_dot_dimension_numbers"], precision=params["precision"],
+                                  preferred_element_type=params["preferred_element_type"])
     if name == "shard_map" and set(params) == _SHARD_MAP_PARAMS:
         return _shard_map(invals, **params)
     if name in _SUBJAXPR_PARAMS:
@@ -367,6 +374,17 @@ def _tuner_serves(eqn) -> bool:
             and _static_nonempty(lhs.shape) and _static_nonempty(rhs.shape)
             and not eqn.outvars[0].aval.weak_type
             and _tuner_takes_precision(eqn.params["precision"]))
+
+
+def _ragged_served(eqn) -> bool:
+    """Whether this ragged_dot_general equation goes through ``jat.ragged_dot_general`` (which
+    leaves the dims the grouped tuner does not serve to lax): float operands of one dtype,
+    as for dots, no group offset and no out_sharding."""
+    lhs, rhs, group_sizes = (v.aval for v in eqn.invars)
+    return (lhs.dtype == rhs.dtype and lhs.dtype.name in _TUNED_DTYPES
+            and all(_static_nonempty(x.shape) for x in (lhs, rhs, group_sizes))
+            and not eqn.outvars[0].aval.weak_type and eqn.params.get("group_offset") is None
+            and eqn.params.get("out_sharding") is None and _tuner_takes_precision(eqn.params["precision"]))
 
 
 def _static_nonempty(shape) -> bool:

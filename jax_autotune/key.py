@@ -12,7 +12,10 @@ the reference's (CubeCL's ``MatmulAutotuneKey``):
 * scale from the bucketed sizes (all < 512 Small, all < 2048 Medium, else Large);
 * kind from which of m, n, k equal one;
 * the epilogue: the ops a program applies to the product (``jax_autotune.epilogue``),
-  empty for a bare matmul; a key without one is written, stored and read as before.
+  empty for a bare matmul; a key without one is written, stored and read as before;
+* a grouped matmul (``lax.ragged_dot``): its number of groups, exact, and which dim is
+  ragged (``RAGGED_MODES``); a dense key has neither and is written as before. The
+  group sizes are runtime values: they are not in the key (``jax_autotune.splits``).
 
 A ``MatmulKey`` is built from a ``MatmulProblem`` (``jax_autotune.problem``) at a level
 the caller passes in: this module reads no setting.
@@ -36,6 +39,10 @@ from jax_autotune.epilogue import BARE, Epilogue
 
 MAX_POW2_FACTOR = 4
 MAX_STRIDE_FACTOR = 10
+# the ragged dim of a grouped matmul: "" dense; "m" the lhs rows (lax's ragged non-contracting
+# mode: lhs (m, k), rhs (g, k, n), out (m, n)); "k" the contracted rows (lax's ragged
+# contracting mode, a weight gradient: out (g, m, n))
+RAGGED_MODES = ("", "m", "k")
 
 
 class Level(str, enum.Enum):
@@ -288,6 +295,8 @@ class MatmulKey:
     scale: Scale
     kind: Kind
     epilogue: Epilogue = BARE
+    groups: int = 0  # a grouped matmul's number of groups; 0: dense
+    ragged: str = ""  # its ragged dim (``RAGGED_MODES``)
 
     def canonical(self) -> str:
         """One line, fields in declaration order, no spaces inside a value (the epilogue
@@ -310,6 +319,8 @@ class MatmulKey:
                 if isinstance(value, Epilogue) and value.is_bare:
                     continue
                 value = str(value)
+            elif field.name in _DENSE_DEFAULTS and value == _DENSE_DEFAULTS[field.name]:
+                continue  # a dense key: written as before grouped matmuls existed
             out[field.name] = value
         return out
 
@@ -327,13 +338,17 @@ class MatmulKey:
         values = {}
         for field in dataclasses.fields(cls):
             if field.name not in data:
-                if field.name == "epilogue":  # a key without context: the bare one
+                if field.name == "epilogue" or field.name in _DENSE_DEFAULTS:  # bare, dense
                     continue
                 raise ValueError(f"MatmulKey: missing field {field.name!r}")
             raw = data[field.name]
             try:
                 if field.name in converters:
                     values[field.name] = converters[field.name](raw)
+                elif field.name == "ragged":
+                    if raw not in RAGGED_MODES:
+                        raise ValueError
+                    values[field.name] = raw
                 else:
                     if not isinstance(raw, int) or isinstance(raw, bool):
                         raise TypeError
@@ -348,7 +363,7 @@ class MatmulKey:
         layouts = _layout_letter(self.lhs_layout) + _layout_letter(self.rhs_layout)
         return compact_form(self.batch, self.m, self.n, self.k,
                             (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
-                            self.epilogue)
+                            self.epilogue, self.groups, self.ragged)
 
     @classmethod
     def parse(cls, text: str) -> "MatmulKey":
@@ -363,14 +378,20 @@ class MatmulKey:
 
 
 def compact_form(batch: int, m: int, n: int, k: int, dtypes: tuple[str, str, str], layouts: str,
-                 precision: Precision, epilogue: Epilogue = BARE) -> str:
+                 precision: Precision, epilogue: Epilogue = BARE, groups: int = 0, ragged: str = "") -> str:
     """``[B x] M x N x K``, one dtype (or ``lhs,rhs->out``), two layout letters, precision,
-    then ``| `` and the epilogue's ops when there are any."""
+    ``ragged <dim> g<groups>`` for a grouped matmul, then ``| `` and the epilogue's ops when
+    there are any."""
     dims = f"{m}x{n}x{k}" if batch == 1 else f"{batch}x{m}x{n}x{k}"
     lhs, rhs, out = dtypes
     dtype = lhs if len({lhs, rhs, out}) == 1 else f"{lhs},{rhs}->{out}"
     text = f"{dims} {dtype} {layouts} {Precision(precision).value}"
+    if groups:
+        text = f"{text} ragged {ragged} g{groups}"
     return text if epilogue.is_bare else f"{text} | {epilogue.describe()}"
+
+
+_DENSE_DEFAULTS = {"groups": 0, "ragged": ""}  # the grouped-matmul fields of a dense key
 
 
 def _layout_letter(layout: Layout) -> str:

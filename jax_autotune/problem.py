@@ -25,9 +25,10 @@ import numpy as np
 from jax import lax
 
 from jax_autotune.epilogue import BARE, Epilogue
-from jax_autotune.key import (PRECISION_LEVELS, Level, MatmulKey, Precision, anchor, compact_form,
-                              dtype_name, kind_of, layout_from_strides, pow2_factor,
+from jax_autotune.key import (PRECISION_LEVELS, RAGGED_MODES, Level, MatmulKey, Precision, anchor,
+                              compact_form, dtype_name, kind_of, layout_from_strides, pow2_factor,
                               row_major_strides, scale_of, stride_factor)
+from jax_autotune.splits import SPLITS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,12 @@ class MatmulProblem:
     ``epilogue`` is what the program applies to the product (its operands follow lhs and
     rhs, ``input_specs``); the result is then ``result_shape`` in ``result_dtype``. It is
     hashable, so the matmul primitives carry it as a parameter.
+
+    A grouped matmul (``lax.ragged_dot``) has ``groups`` > 0 and a ``ragged`` dim
+    (``key.RAGGED_MODES``), batch 1 and no epilogue; its operands are lax's own shapes:
+    ``"m"``: lhs (m, k), rhs (groups, k, n) or, ``transpose_b``, (groups, n, k), out (m, n);
+    ``"k"``: lhs (m, k) or (k, m), rhs (k, n) or (n, k), out (groups, m, n), the k rows
+    split into groups. Its group sizes are a third input (``input_specs``).
     """
 
     batch: int
@@ -52,6 +59,8 @@ class MatmulProblem:
     transpose_b: bool = False
     precision: Precision = Precision.DEFAULT
     epilogue: Epilogue = BARE
+    groups: int = 0
+    ragged: str = ""
 
     def __post_init__(self):
         for name in ("batch", "m", "n", "k"):
@@ -65,23 +74,43 @@ class MatmulProblem:
             object.__setattr__(self, "epilogue", Epilogue.parse(self.epilogue))
         elif not isinstance(self.epilogue, Epilogue):
             raise ValueError(f"MatmulProblem: epilogue must be an Epilogue, got {self.epilogue!r}")
+        if self.ragged not in RAGGED_MODES or (self.groups > 0) != bool(self.ragged) or self.groups < 0:
+            raise ValueError(f"MatmulProblem: a grouped matmul needs groups > 0 and ragged 'm' or 'k', "
+                             f"a dense one neither; got groups={self.groups!r}, ragged={self.ragged!r}")
+        if self.ragged and (self.batch != 1 or not self.epilogue.is_bare
+                            or (self.ragged == "m" and self.transpose_a)):
+            raise ValueError("MatmulProblem: a grouped matmul has batch 1, no epilogue and, ragged "
+                             "'m', its lhs stored (m, k)")
 
     @property
-    def lhs_shape(self) -> tuple[int, int, int]:
-        return (self.batch, self.k, self.m) if self.transpose_a else (self.batch, self.m, self.k)
+    def lhs_shape(self) -> tuple[int, ...]:
+        shape = (self.batch, self.k, self.m) if self.transpose_a else (self.batch, self.m, self.k)
+        return shape[1:] if self.groups else shape
 
     @property
-    def rhs_shape(self) -> tuple[int, int, int]:
-        return (self.batch, self.n, self.k) if self.transpose_b else (self.batch, self.k, self.n)
+    def rhs_shape(self) -> tuple[int, ...]:
+        shape = (self.batch, self.n, self.k) if self.transpose_b else (self.batch, self.k, self.n)
+        if self.ragged == "m":
+            return (self.groups, *shape[1:])
+        return shape[1:] if self.groups else shape
 
     @property
-    def out_shape(self) -> tuple[int, int, int]:
+    def out_shape(self) -> tuple[int, ...]:
         """The product's shape (what a kernel computes; the epilogue then runs on it)."""
+        if self.groups:
+            return (self.m, self.n) if self.ragged == "m" else (self.groups, self.m, self.n)
         return (self.batch, self.m, self.n)
+
+    @property
+    def ragged_rows(self) -> int:
+        """A grouped matmul's size of the dim split into groups (m or k); 0 when dense."""
+        return {"": 0, "m": self.m, "k": self.k}[self.ragged]
 
     @property
     def result_shape(self) -> tuple[int, ...]:
         """The shape of what the program computes: the product through the epilogue."""
+        if self.groups:
+            return self.out_shape
         return self.epilogue.result(self.batch, self.m, self.n, self.out_dtype)[0]
 
     @property
@@ -89,7 +118,12 @@ class MatmulProblem:
         return self.epilogue.result(self.batch, self.m, self.n, self.out_dtype)[1]
 
     def input_specs(self) -> tuple[tuple[tuple[int, ...], str], ...]:
-        """(shape, dtype) of every input: lhs, rhs, then the epilogue's operands."""
+        """(shape, dtype) of every input: lhs, rhs, then the epilogue's operands; for a
+        grouped matmul lhs, rhs and the group sizes of the tuning splits, (``splits.SPLITS``,
+        groups) int32 (its kernels take (splits, groups) and give one result per split)."""
+        if self.groups:
+            return ((self.lhs_shape, self.lhs_dtype), (self.rhs_shape, self.rhs_dtype),
+                    ((SPLITS, self.groups), "int32"))
         operands = tuple(zip(self.epilogue.operand_shapes(self.batch, self.m, self.n),
                              (o.dtype for o in self.epilogue.operands)))
         return ((self.lhs_shape, self.lhs_dtype), (self.rhs_shape, self.rhs_dtype), *operands)
@@ -104,7 +138,7 @@ class MatmulProblem:
         layouts = "NT"[self.transpose_a] + "NT"[self.transpose_b]
         return compact_form(self.batch, self.m, self.n, self.k,
                             (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
-                            self.epilogue)
+                            self.epilogue, self.groups, self.ragged)
 
     def with_operands_converted(self) -> "MatmulProblem":
         """The problem as XLA's dot runs it on CPUs and GPUs: lax's lowering converts
@@ -138,6 +172,7 @@ class MatmulProblem:
             scale=scale_of(m, n, k),
             kind=kind_of(self.m, self.n, self.k),
             epilogue=self.epilogue,
+            groups=self.groups, ragged=self.ragged,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -147,6 +182,8 @@ class MatmulProblem:
             del data["epilogue"]  # written as before epilogues existed
         else:
             data["epilogue"] = str(self.epilogue)
+        if not self.groups:  # a dense problem: written as before grouped matmuls existed
+            del data["groups"], data["ragged"]
         return data
 
     @classmethod

@@ -13,6 +13,11 @@ served from it in the next process.
     >>> tuner = tuner_for("cpu")
     >>> tuner.select(problem).winner
     'native_small_avx2_t1'
+
+Grouped matmuls (``lax.ragged_dot``) have a tuner of their own per platform
+(``ragged_tuner_for``): the grouped candidates (``kernels.ragged``), the dense tuner's
+store and probes; its decisions sit beside the dense ones in the store, under their own
+candidate-set checksum.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import jax
 
 from jax_autotune.errors import NativeKernelsWarning
 import jax_autotune.config as config
+from jax_autotune.kernels.ragged import ragged_candidate_set
 from jax_autotune.kernels.xla import XLA_DOT
 from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
@@ -33,6 +39,7 @@ from jax_autotune.tuning import programs
 from jax_autotune.tuning.tuner import Tuner
 
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
+_ragged_tuners: dict[str, Tuner] = {}  # grouped matmuls', by platform
 _store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment, store) each tuner uses
 _compile_settings: tuple | None = None  # the (cache, store, cache_dir, compilation_cache) in effect
 _tuners_lock = threading.Lock()
@@ -143,6 +150,26 @@ def tuner_for(platform: str) -> Tuner:
         return tuner
 
 
+def ragged_tuner_for(platform: str) -> Tuner:
+    """The process's tuner of grouped matmuls for ``platform``: the candidates of
+    ``kernels.ragged``, with the store and probes of ``tuner_for(platform)``.
+
+        >>> ragged_tuner_for("cpu").select(problem).winner     # problem.groups > 0
+        'ragged_padded_dense_x2'
+    """
+    dense = tuner_for(platform)
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    with _tuners_lock:
+        tuner = _ragged_tuners.get(platform)
+        if tuner is None:
+            tuner = _ragged_tuners[platform] = Tuner(
+                dense.device, ragged_candidate_set(dense.device), jax_device=dense.jax_device,
+                timer=dense.timer, store=dense.store, rules=dense.rules, probes=dense.probes)
+        elif tuner.store is not dense.store:
+            tuner.known.store = dense.store  # the dense tuner switched stores (and closes the old)
+        return tuner
+
+
 def built_tuners() -> list[Tuner]:
     """The tuners ``tuner_for`` has built in this process."""
     with _tuners_lock:
@@ -177,6 +204,7 @@ def reset_tuners() -> None:
         for tuner in _tuners.values():
             tuner.store.close()
         _tuners.clear()
+        _ragged_tuners.clear()
         _store_settings.clear()
         _compile_settings = None
     programs.forget()

@@ -55,7 +55,8 @@ from jax_autotune.autotune import _tuner_serves, programs_traced
 from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.registry import tuner_for
+from jax_autotune.ragged_primitive import ragged_p
+from jax_autotune.registry import ragged_tuner_for, tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
@@ -124,7 +125,7 @@ def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
     if _dce_jaxpr is not None:
         jaxpr, _ = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     found = {(eqn.params["problem"], eqn.params["key"]): None
-             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p)}
+             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p, ragged_p)}
     return list(found)
 
 
@@ -244,12 +245,18 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress) -> list
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
-    tuner.prime(first_problem.items())  # on a GPU: XLA autotunes every key's dots in one compile
+    # on a GPU: XLA autotunes every (dense) key's dots in one compile
+    tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups])
     with over_keys(len(first_problem), progress) as track, \
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        decisions = pool.map(carrying_x64(lambda item: tuner.select(item[1], item[0])),
+        decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0])),
                              first_problem.items())
         return [WarmupEntry.of(decision) for decision in track(decisions)]
+
+
+def _tuner_of(key: MatmulKey, tuner):
+    """``tuner``, or for a grouped matmul's key its platform's grouped tuner."""
+    return ragged_tuner_for(tuner.device.platform) if key.groups else tuner
 
 
 def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck | None:

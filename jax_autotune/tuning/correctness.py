@@ -10,6 +10,9 @@ results are compared exactly, with the output dtype's wraparound (the int64 refe
 to it, as int8 x int8 -> int8 wraps); complex ones in complex128. A problem with an
 elementwise epilogue is checked as its whole context: the epilogue runs in float64 on the
 exact product (``Epilogue.reference``) and, sampled, on the sampled entries and operands.
+A grouped matmul (``lax.ragged_dot``) is checked group by group on every tuning split
+(``GroupedReference``): each group within the tolerance on its own, and the rows in no
+group (and the results of empty groups) exactly zero, as lax gives them.
 
     >>> ref = reference(problem, lhs, rhs)
     >>> check(out, ref, problem)
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +132,70 @@ def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, co
     return a.astype(wide), b.astype(wide)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupedReference:
+    """Exact values of a grouped matmul's outputs on its tuning splits, group by group.
+
+    ``pieces``: (split, index into that split's output, exact values, whether they must be
+    exactly zero); an index is a group's (sampled) rows for a ragged m, the group for a
+    ragged k. ``shape``: the outputs' shape, (splits, *problem.out_shape).
+    """
+
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[int, Any, np.ndarray, bool], ...]
+
+
+def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, host_max_macs: int,
+                       seed: int) -> GroupedReference:
+    a = as_numpy(lhs).astype(_wide(problem))
+    b = as_numpy(rhs).astype(_wide(problem))
+    a = a.T if problem.transpose_a else a  # (m, k)
+    b = np.swapaxes(b, -1, -2) if problem.transpose_b else b  # (k, n) or (groups, k, n)
+    cast = (lambda x: x.astype(problem.out_dtype)) if is_integer(problem.out_dtype) else (lambda x: x)
+    rng = np.random.default_rng(seed)
+    sample = problem.m * problem.n * problem.k > host_max_macs and not _integer(problem)
+    pieces = []
+    sizes_per_split = np.asarray(as_numpy(splits), np.int64)
+    rows = problem.ragged_rows
+    every = lambda size: _sample(size, SAMPLE_SIZE, rng) if sample else np.arange(size)  # noqa: E731
+    for s, sizes in enumerate(sizes_per_split):
+        ends = np.minimum(np.cumsum(sizes), rows)
+        starts = np.concatenate([[0], ends[:-1]])
+        cols = every(problem.n)
+        for g, (start, end) in enumerate(zip(starts, ends)):
+            if problem.ragged == "m":
+                if end <= start:
+                    continue  # an empty group has no rows to check
+                picked = start + every(end - start)
+                pieces.append((s, (picked[:, None], cols[None, :]), cast(a[picked] @ b[g][:, cols]), False))
+            else:
+                picked = every(problem.m)
+                exact = a[picked, start:end] @ b[start:end][:, cols]
+                pieces.append((s, (g, picked[:, None], cols[None, :]), cast(exact), end <= start))
+        if problem.ragged == "m" and ends[-1] < rows:  # rows in no group: zero
+            left = ends[-1] + every(rows - ends[-1])
+            pieces.append((s, (left[:, None], cols[None, :]), np.zeros((left.size, cols.size)), True))
+    return GroupedReference((len(sizes_per_split), *problem.out_shape), tuple(pieces))
+
+
+def _check_grouped(out, ref: GroupedReference, tol: float) -> Check:
+    got_all = as_numpy(out)
+    if tuple(got_all.shape) != ref.shape:
+        return Check(False, float("inf"), tol)
+    if not np.all(np.isfinite(got_all.astype(np.complex128 if np.iscomplexobj(got_all) else np.float64))):
+        return Check(False, float("nan"), tol)
+    worst, ok = 0.0, True
+    for split, index, exact, zero in ref.pieces:
+        got = got_all[split][index].astype(np.float64)
+        if zero:
+            error = 0.0 if not np.any(got) else float("inf")
+        else:
+            error = _relative(float(np.linalg.norm((got - exact).ravel())), float(np.linalg.norm(exact.ravel())))
+        worst = max(worst, error)
+        ok = ok and error <= tol
+    return Check(ok, worst, tol)
+
+
 def reference(problem: MatmulProblem, lhs, rhs, *operands, host_max_macs: int = HOST_REFERENCE_MAX_MACS,
               seed: int = 0):
     """The exact result of the problem, computed on the host: a float64 (complex128 for
@@ -140,6 +208,9 @@ def reference(problem: MatmulProblem, lhs, rhs, *operands, host_max_macs: int = 
     epilogue = problem.epilogue
     if not epilogue.elementwise:
         raise ValueError(f"reference: the epilogue {epilogue} reduces; check its product alone")
+    if problem.groups:  # operands: the group sizes of the tuning splits
+        return _grouped_reference(problem, lhs, rhs, *operands, host_max_macs=max(host_max_macs, 2**26),
+                                  seed=seed)
     macs = problem.batch * problem.m * problem.n * problem.k
     host = [as_numpy(x) for x in operands]
     if macs <= host_max_macs or _integer(problem):  # integers: exact, compared whole
@@ -201,6 +272,8 @@ def check(out, ref, problem: MatmulProblem, platform: str = "gpu", trusted=None)
     with it; the error is the larger of the two. A full reference is compared whole.
     """
     tol = tolerance(problem, platform)
+    if isinstance(ref, GroupedReference):
+        return _check_grouped(out, ref, tol)
     expected_shape = problem.result_shape if isinstance(ref, SampledReference) else ref.shape
     if tuple(out.shape) != tuple(expected_shape):
         return Check(False, float("inf"), tol)

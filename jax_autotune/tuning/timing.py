@@ -36,6 +36,7 @@ from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.module_ops import ops
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.splits import representative_splits
 
 
 class Measurement(Protocol):
@@ -293,11 +294,15 @@ def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any,
 
     Drawn on the host, so nothing is compiled: up to ``RANDOM_PERIOD`` elements are
     independent draws; a larger operand repeats that block, and since the period is prime
-    every row still starts at a different point of it.
+    every row still starts at a different point of it. A grouped matmul's group sizes are
+    not random: they are the representative splits (``jax_autotune.splits``).
     """
     rng = np.random.default_rng(seed)
-    return tuple(_block(jax.device_put(_host_draw(rng, shape, dtype), device))
-                 for shape, dtype in problem.input_specs())
+    specs = problem.input_specs()
+    drawn = [_host_draw(rng, shape, dtype) for shape, dtype in specs[:2 if problem.groups else None]]
+    if problem.groups:
+        drawn.append(representative_splits(problem.ragged_rows, problem.groups))
+    return tuple(_block(jax.device_put(x, device)) for x in drawn)
 
 
 def as_numpy(x) -> np.ndarray:

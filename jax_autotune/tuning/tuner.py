@@ -370,4 +370,6 @@ def tuning_call(key: MatmulKey, problem: MatmulProblem, level: str) -> str:
         pass
     fields = (*shape, problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype, problem.transpose_a,
               problem.transpose_b, problem.precision.value, str(problem.epilogue))
+    if problem.groups:  # a grouped matmul: its groups and ragged dim too
+        fields = (*fields, problem.groups, problem.ragged)
     return f"jax_autotune.warmup([jax_autotune.MatmulProblem{fields!r}])"

@@ -1,0 +1,196 @@
+"""Grouped-matmul (``lax.ragged_dot``) candidates, on every platform, and their set.
+
+A grouped candidate's ``fn(lhs, rhs, problem, group_sizes)`` takes the problem's operands
+(``MatmulProblem`` with ``groups``: lax's own shapes) and group sizes of shape (splits,
+groups), and gives one result per split, (splits, *problem.out_shape): the tuner checks
+and times every candidate on the representative splits at once (``jax_autotune.splits``),
+a lowering runs it on one split (``served``).
+
+* ``xla_ragged_dot`` (candidate 0, always): ``lax.ragged_dot_general``, the dims lax
+  builds itself; the fallback and the values every other candidate is checked against.
+* ``ragged_masked_dense`` (ragged m, at most ``MASKED_MAX_GROUPS`` groups): every group's
+  weights applied to every row as one dense matmul, each row then taking its group's
+  result (rows in no group zero): ``groups`` x the FLOPs, valid for every split.
+* ``ragged_padded_dense_x2`` (2 groups or more, capacity below the ragged size): a
+  batched dense GEMM over (groups, capacity) rows gathered per group, capacity = twice the
+  mean group size rounded up to 8; where a group holds more rows than that (known only
+  at run time) the call runs ``xla_ragged_dot`` instead (``lax.cond``), so it is right for
+  every split, and fast where routing is balanced. A static bound is not known in general
+  (``jat.ragged_dot`` takes no capacity), so the bound is checked on the device.
+
+    >>> cset = ragged_candidate_set(device)
+    >>> cset.names()
+    ('xla_ragged_dot', 'ragged_masked_dense', 'ragged_padded_dense_x2')
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from jax_autotune.key import MatmulKey
+from jax_autotune.kernels.xla import lax_precision
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
+from jax_autotune.tuning.device import DeviceInfo
+
+XLA_RAGGED_NAME = "xla_ragged_dot"
+MASKED_MAX_GROUPS = 8
+CAPACITY_FACTOR = 2  # padded rows per group: this many times the mean group size
+CAPACITY_ALIGN = 8
+
+
+def ragged_dimension_numbers(problem: MatmulProblem) -> lax.RaggedDotDimensionNumbers:
+    """lax's dimension numbers of a grouped problem's operands, as lax writes them (the
+    forward's, and its transpose rule's for the input gradient).
+
+        >>> ragged_dimension_numbers(problem).dot_dimension_numbers
+        (((1,), (1,)), ((), ()))
+    """
+    lhs_contract = 0 if problem.transpose_a else 1
+    if problem.ragged == "m":
+        rhs_contract = 2 if problem.transpose_b else 1
+        return lax.RaggedDotDimensionNumbers((((lhs_contract,), (rhs_contract,)), ((), ())), [0], [0])
+    rhs_contract = 1 if problem.transpose_b else 0
+    return lax.RaggedDotDimensionNumbers((((lhs_contract,), (rhs_contract,)), ((), ())),
+                                         [lhs_contract], [])
+
+
+def _dot_options(problem: MatmulProblem) -> dict:
+    return dict(precision=lax_precision(problem.precision), preferred_element_type=jnp.dtype(problem.out_dtype))
+
+
+def xla_ragged_one(lhs, rhs, group_sizes, problem: MatmulProblem):
+    """``lax.ragged_dot_general`` of one split (group sizes (groups,))."""
+    out = lax.ragged_dot_general(lhs, rhs, group_sizes, ragged_dimension_numbers(problem),
+                                 **_dot_options(problem))
+    return out.astype(problem.out_dtype)
+
+
+def _each_split(one):
+    """fn(lhs, rhs, problem, sizes (splits, groups)) -> (splits, *out) from ``one`` of a split."""
+    def fn(lhs, rhs, problem: MatmulProblem, group_sizes):
+        return jnp.stack([one(lhs, rhs, group_sizes[s], problem) for s in range(group_sizes.shape[0])])
+    return fn
+
+
+def _bounds(group_sizes, rows: int):
+    """(starts, ends) of the groups over ``rows`` rows, clipped to them, as lax counts them."""
+    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), rows)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    return starts, ends
+
+
+def _row_groups(group_sizes, rows: int):
+    """Per row: its group and its position in it; a row in no group gets group ``groups``."""
+    starts, ends = _bounds(group_sizes, rows)
+    row = jnp.arange(rows, dtype=jnp.int32)
+    group = jnp.sum(row[:, None] >= ends[None, :], axis=1).astype(jnp.int32)
+    position = row - starts[jnp.minimum(group, group_sizes.shape[0] - 1)]
+    return group, position
+
+
+def masked_one(lhs, rhs, group_sizes, problem: MatmulProblem):
+    """Ragged m: every group's product on every row (one dense matmul), each row its group's."""
+    contract = 2 if problem.transpose_b else 1
+    every = lax.dot_general(lhs, rhs, (((1,), (contract,)), ((), ())), **_dot_options(problem))  # (m, g, n)
+    group, _ = _row_groups(group_sizes, problem.m)
+    picked = jnp.take_along_axis(every, jnp.minimum(group, problem.groups - 1)[:, None, None], axis=1)[:, 0]
+    return jnp.where((group < problem.groups)[:, None], picked, 0).astype(problem.out_dtype)
+
+
+def capacity(problem: MatmulProblem) -> int:
+    """Rows per group of the padded candidate: twice the mean group size, a multiple of 8."""
+    mean = math.ceil(CAPACITY_FACTOR * problem.ragged_rows / problem.groups)
+    return -(-mean // CAPACITY_ALIGN) * CAPACITY_ALIGN
+
+
+def _gathered(x, axis: int, starts, ends, cap: int):
+    """(groups, ...) slices of ``cap`` rows of ``x`` along ``axis`` from each group's start,
+    rows past the group's end zero."""
+    offset = jnp.arange(cap, dtype=jnp.int32)
+    index = starts[:, None] + offset[None, :]  # (groups, cap)
+    valid = index < ends[:, None]
+    rows = jnp.take(x, jnp.minimum(index, x.shape[axis] - 1).reshape(-1), axis=axis)
+    shape = list(x.shape)
+    shape[axis:axis + 1] = [starts.shape[0], cap]
+    rows = jnp.moveaxis(rows.reshape(shape), axis, 0)  # (groups, cap, ...) or (groups, ..., cap)
+    mask_shape = [starts.shape[0]] + [1] * (rows.ndim - 1)
+    mask_shape[1 if axis == 0 else rows.ndim - 1] = cap
+    return jnp.where(valid.reshape(mask_shape), rows, jnp.zeros((), x.dtype))
+
+
+def _padded_path(lhs, rhs, group_sizes, problem: MatmulProblem, cap: int):
+    starts, ends = _bounds(group_sizes, problem.ragged_rows)
+    options = _dot_options(problem)
+    if problem.ragged == "m":
+        x = _gathered(lhs, 0, starts, ends, cap)  # (g, cap, k)
+        contract = 2 if problem.transpose_b else 1
+        y = lax.dot_general(x, rhs, (((2,), (contract,)), ((0,), (0,))), **options)  # (g, cap, n)
+        group, position = _row_groups(group_sizes, problem.m)
+        inside = group < problem.groups
+        out = y[jnp.minimum(group, problem.groups - 1), jnp.clip(position, 0, cap - 1)]
+        return jnp.where(inside[:, None], out, 0).astype(problem.out_dtype)
+    a = _gathered(lhs, 0 if problem.transpose_a else 1, starts, ends, cap)  # (g, cap, m) or (g, m, cap)
+    b = _gathered(rhs, 1 if problem.transpose_b else 0, starts, ends, cap)  # (g, n, cap) or (g, cap, n)
+    a_contract = 1 if problem.transpose_a else 2
+    b_contract = 2 if problem.transpose_b else 1
+    return lax.dot_general(a, b, (((a_contract,), (b_contract,)), ((0,), (0,))),
+                           **options).astype(problem.out_dtype)  # (g, m, n)
+
+
+def padded_one(lhs, rhs, group_sizes, problem: MatmulProblem, cap: int | None = None):
+    """The batched dense GEMM over ``cap`` rows per group where every group fits, else XLA's."""
+    cap = cap or capacity(problem)
+    fits = jnp.max(group_sizes) <= cap
+    return lax.cond(fits, lambda: _padded_path(lhs, rhs, group_sizes, problem, cap),
+                    lambda: xla_ragged_one(lhs, rhs, group_sizes, problem))
+
+
+def _grouped(key: MatmulKey) -> bool:
+    return key.groups > 0
+
+
+def _supports_masked(device: DeviceInfo, key: MatmulKey) -> bool:
+    return key.ragged == "m" and 1 <= key.groups <= MASKED_MAX_GROUPS
+
+
+def _supports_padded(device: DeviceInfo, key: MatmulKey) -> bool:
+    # on the key's bucketed sizes: capacity below the ragged size means fewer FLOPs than masking
+    rows = key.m if key.ragged == "m" else key.k
+    return key.groups >= 2 and -(-CAPACITY_FACTOR * rows // key.groups) < rows
+
+
+XLA_RAGGED_DOT = Candidate(XLA_RAGGED_NAME, _each_split(xla_ragged_one), params={"family": "xla_ragged"})
+MASKED_DENSE = Candidate("ragged_masked_dense", _each_split(masked_one),
+                         params={"family": "masked_dense", "max_groups": MASKED_MAX_GROUPS},
+                         supports=_supports_masked)
+PADDED_DENSE = Candidate(f"ragged_padded_dense_x{CAPACITY_FACTOR}", _each_split(padded_one),
+                         params={"family": "padded_dense", "capacity_factor": CAPACITY_FACTOR,
+                                 "align": CAPACITY_ALIGN}, supports=_supports_padded)
+
+
+def served(candidate: Candidate, problem: MatmulProblem):
+    """``fn(lhs, rhs, group_sizes)`` of one call: ``candidate`` on its one split.
+
+        >>> jax.jit(served(XLA_RAGGED_DOT, problem))(lhs, rhs, group_sizes)
+    """
+    def fn(lhs, rhs, group_sizes):
+        return candidate.fn(lhs, rhs, problem, group_sizes[None])[0]
+    return fn
+
+
+def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
+    """XLA's ragged_dot (candidate 0) and the dense formulations, one group, one round."""
+    builder = CandidateSetBuilder(device.platform, device.device_kind)
+    builder.add(XLA_RAGGED_DOT)
+    dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
+    for candidate in (MASKED_DENSE, PADDED_DENSE):
+        builder.add(candidate, dense, lambda key: 1)
+    return builder.build()
+
+
+__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "ragged_candidate_set", "served",
+           "ragged_dimension_numbers", "xla_ragged_one", "capacity"]

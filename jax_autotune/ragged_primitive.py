@@ -1,0 +1,134 @@
+"""Internal: the grouped-matmul primitive (``lax.ragged_dot``), keyed at trace time, its kernel chosen at compile time.
+
+``ragged_p`` takes a grouped problem's operands (``MatmulProblem`` with ``groups``: lax's
+own shapes) and the group sizes, (groups,) int32, and carries the problem and its key,
+so ``jax.make_jaxpr`` shows the key. Its lowering asks the platform's grouped tuner
+(``registry.ragged_tuner_for``) and emits the winner (``kernels.ragged``); under
+``jax.export``, for a platform with no device here, and under jit over several devices it
+emits XLA's ``ragged_dot_general``. Autodiff is lax's: the jvp is bilinear and the
+transposes are lax's, each a grouped matmul bound again with its own problem (the input
+gradient a ragged m with the rhs transposed, the weight gradient a ragged k), so the
+backward is tuned too; like lax, a ragged k has no transpose. vmap runs lax's own
+``ragged_dot_general`` under its batching rule (XLA's, untuned).
+
+    >>> out = bind_ragged(lhs, rhs, group_sizes, problem)   # problem.groups > 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+import jax_autotune.config as config
+from jax_autotune.kernels.ragged import XLA_RAGGED_DOT, served, xla_ragged_one
+from jax_autotune.primitive import _emit, _for_export, _impl, dispatch
+from jax_autotune.problem import MatmulProblem
+from jax_autotune.registry import has_devices, ragged_tuner_for
+from jax_autotune.sharding import lowering_targets_many_devices
+
+ragged_p = Primitive("autotuned_ragged_dot")
+if dispatch is not None:  # the device assignment in the lowering context (many devices: XLA's)
+    dispatch.prim_requires_devices_during_lowering.add(ragged_p)
+
+
+def bind_ragged(lhs, rhs, group_sizes, problem: MatmulProblem):
+    """Bind the primitive; the key is computed here, at trace time, at the configured level."""
+    if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
+        raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
+                         f"grouped problem's shapes {problem.lhs_shape} and {problem.rhs_shape}")
+    lhs = lhs if lhs.dtype == problem.lhs_dtype else lax.convert_element_type(lhs, problem.lhs_dtype)
+    rhs = rhs if rhs.dtype == problem.rhs_dtype else lax.convert_element_type(rhs, problem.rhs_dtype)
+    group_sizes = group_sizes if group_sizes.dtype == jnp.int32 else group_sizes.astype(jnp.int32)
+    return ragged_p.bind(lhs, rhs, group_sizes, problem=problem, key=problem.key(config.get("level")))
+
+
+def _abstract_eval(lhs, rhs, group_sizes, *, problem, key):
+    return jax.core.ShapedArray(problem.out_shape, jnp.dtype(problem.out_dtype))
+
+
+def _xla(lhs, rhs, group_sizes, problem):
+    return xla_ragged_one(lhs, rhs, group_sizes, problem)
+
+
+def _xla_lowering(ctx, lhs, rhs, group_sizes, *, problem, key):
+    return _emit(ctx, (lhs, rhs, group_sizes), functools.partial(_xla, problem=problem))
+
+
+def _lowering(platform: str):
+    def rule(ctx, lhs, rhs, group_sizes, *, problem, key):
+        target = (ctx.platforms or ctx.module_context.platforms)[0]
+        if not has_devices(target) or _for_export(ctx) or lowering_targets_many_devices(ctx):
+            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+        tuner = ragged_tuner_for(platform)
+        candidate = tuner.candidate(tuner.select(problem, key).winner)
+        if candidate is XLA_RAGGED_DOT:
+            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+        try:
+            return _emit(ctx, (lhs, rhs, group_sizes), served(candidate, problem))
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem: XLA's
+            warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower {problem.describe()} "
+                          f"({type(err).__name__}: {err}); using XLA's ragged_dot.",
+                          RuntimeWarning, stacklevel=2)
+            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+    return rule
+
+
+# ---------------------------------------------------------------- autodiff (lax's rules)
+
+def _jvp(primals, tangents, *, problem, key):
+    lhs, rhs, group_sizes = primals
+    d_lhs, d_rhs, _ = tangents  # no tangent of the group sizes
+    bind = functools.partial(ragged_p.bind, problem=problem, key=key)
+    out = bind(lhs, rhs, group_sizes)
+    parts = ([] if type(d_lhs) is ad.Zero else [bind(d_lhs, rhs, group_sizes)]) + \
+            ([] if type(d_rhs) is ad.Zero else [bind(lhs, d_rhs, group_sizes)])
+    return out, functools.reduce(lax.add, parts) if parts else jnp.zeros_like(out)
+
+
+def _transpose(ct, lhs, rhs, group_sizes, *, problem, key):
+    """lax's transpose of a ragged m: the input gradient ct . rhs^T per group (a ragged m,
+    rhs transposed), the weight gradient lhs^T . ct per group (a ragged k)."""
+    if problem.ragged != "m":
+        raise NotImplementedError("Unimplemented grad for ragged dot general in mode RAGGED_CONTRACTING.")
+    if type(ct) is ad.Zero:
+        return None, None, None
+    p = problem
+    lhs_bar = rhs_bar = None
+    if ad.is_undefined_primal(lhs):  # (m, k) = ct (m, n) . rhs[g] over n
+        new = dataclasses.replace(p, n=p.k, k=p.n, lhs_dtype=ct.dtype, transpose_b=not p.transpose_b)
+        lhs_bar = bind_ragged(ct, rhs, group_sizes, new).astype(lhs.aval.dtype)
+    if ad.is_undefined_primal(rhs):  # (g, k, n) = lhs^T (k, rows) . ct (rows, n), per group
+        new = dataclasses.replace(p, ragged="k", m=p.k, k=p.m, rhs_dtype=ct.dtype, transpose_a=True,
+                                  transpose_b=False)
+        rhs_bar = bind_ragged(lhs, ct, group_sizes, new)
+        if p.transpose_b:  # rhs stored (g, n, k)
+            rhs_bar = jnp.swapaxes(rhs_bar, 1, 2)
+        rhs_bar = rhs_bar.astype(rhs.aval.dtype)
+    return lhs_bar, rhs_bar, None
+
+
+# ---------------------------------------------------------------- vmap (lax's)
+
+def _batching_rule(args, dims, *, problem, key):
+    out = jax.vmap(functools.partial(_xla, problem=problem), in_axes=tuple(dims))(*args)
+    return out, 0
+
+
+ragged_p.def_abstract_eval(_abstract_eval)
+ragged_p.def_impl(_impl(ragged_p))
+ad.primitive_jvps[ragged_p] = _jvp
+ad.primitive_transposes[ragged_p] = _transpose
+batching.primitive_batchers[ragged_p] = _batching_rule
+mlir.register_lowering(ragged_p, _xla_lowering)  # any other platform: XLA's ragged_dot
+mlir.register_lowering(ragged_p, _lowering("cpu"), platform="cpu")
+for _gpu in ("cuda", "rocm"):
+    mlir.register_lowering(ragged_p, _lowering("gpu"), platform=_gpu)
+
+__all__ = ["ragged_p", "bind_ragged"]
