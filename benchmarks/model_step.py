@@ -1,6 +1,6 @@
-"""Training and decode steps of four models, plain against tuned: warmup cost, first step, step time.
+"""Training and decode steps of five models, plain against tuned: warmup cost, first step, step time.
 
-    python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama,vit,decode]
+    python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama,vit,decode,moe]
         [--variants plain,layers,autotune] [--param-dtype float32|bfloat16] [--size real|tiny]
         [--decode-batch 8..64] [--steps 10] [--timeout-s 240]
 
@@ -15,7 +15,10 @@
 * ``decode``: the ``llama`` decoder serving: one new token for each of 32 sequences
   (``--decode-batch``) over a KV cache of 2048 (per layer k, v of 32 x 2048 x 4 x 128 bf16,
   written at the position by ``lax.dynamic_update_slice``), the new token's logits and the
-  cache out, forward only (no gradient, no optimizer).
+  cache out, forward only (no gradient, no optimizer);
+* ``moe``: the ``llama`` decoder with 4 layers and every MLP a top-2 mixture of 8 SwiGLU
+  experts (hidden 2816; tokens sorted by expert, the experts as ``lax.ragged_dot``; the
+  ``layers`` variant uses ``jat.ragged_dot``), batch 4 x 1024.
 The training models take softmax cross-entropy against integer targets and AdamW (optax).
 All compute in bf16; parameters are f32, or with ``--param-dtype bfloat16`` cast to bf16
 after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks every model
@@ -55,6 +58,7 @@ MODELS = {  # name -> the sizes its builder takes (and its inputs': batch, seq, 
     "llama": dict(_LLAMA, batch=4, seq=1024),
     "vit": dict(layers=12, d=768, heads=12, mlp=3072, image=224, patch=16, classes=1000, batch=64),
     "decode": dict(_LLAMA, batch=32, cache=2048),
+    "moe": dict(_LLAMA, layers=4, hidden=2816, experts=8, top_k=2, batch=4, seq=1024),
 }
 _TINY_LLAMA = dict(layers=2, d=64, heads=4, kv_heads=2, hidden=176, vocab=1003)
 SIZES = {"real": MODELS, "tiny": {
@@ -62,6 +66,7 @@ SIZES = {"real": MODELS, "tiny": {
     "llama": dict(_TINY_LLAMA, batch=2, seq=33),
     "vit": dict(layers=2, d=64, heads=4, mlp=256, image=32, patch=8, classes=1003, batch=2),
     "decode": dict(_TINY_LLAMA, batch=2, cache=64),
+    "moe": dict(_TINY_LLAMA, hidden=96, experts=4, top_k=2, batch=2, seq=33),
 }}
 
 

@@ -4,7 +4,8 @@
     >>> jat.warmup(case.fn, *case.args, grad=case.grad)
     >>> state, value = case.step(case.state, case.inputs)
 
-Training steps (softmax cross-entropy, AdamW) of ``gpt2``, ``llama`` and ``vit``, and
+Training steps (softmax cross-entropy, AdamW) of ``gpt2``, ``llama``, ``vit`` and ``moe`` (the
+Llama decoder with top-2 mixture-of-experts feed-forwards, the experts as ``lax.ragged_dot``), and
 ``decode``: the Llama decoder's serving step, one new token a sequence over a KV cache,
 forward only. All compute in bf16; every Dense takes ``dot`` as its ``dot_general``
 (``jat.dot_general`` in the ``layers`` variant). Builders ignore the sizes they do not use.
@@ -68,7 +69,8 @@ def train_parts(model: str, variant: str, sizes: dict):
 
         >>> module, loss, optimizer, step = train_parts("llama", "plain", sizes)
     """
-    module = BUILDERS[model](layer_dot(variant), **sizes)
+    extra = {"ragged": layer_ragged_dot(variant)} if model == "moe" else {}
+    module = BUILDERS[model](layer_dot(variant), **extra, **sizes)
 
     def loss(params, batch):
         inputs, targets = batch
@@ -141,6 +143,11 @@ def example_batch(model: str, sizes: dict) -> tuple:
 def cast_params(params, dtype: str):
     """``params`` with every floating leaf cast to ``dtype`` (bf16 master weights)."""
     return jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+
+
+def layer_ragged_dot(variant: str) -> Callable:
+    """The experts' grouped matmul: ``jat.ragged_dot`` for ``layers``, else lax's."""
+    return jat.ragged_dot if variant == "layers" else jax.lax.ragged_dot
 
 
 def layer_dot(variant: str) -> Callable:
@@ -239,7 +246,46 @@ def vit(dot, *, layers: int, d: int, heads: int, mlp: int, image: int, patch: in
     return ViT()
 
 
-def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, vocab: int, **_):
+def experts_ffn(ragged: Callable, x, router_logits, wg, wu, wd, top_k: int):
+    """Top-``top_k`` mixture of SwiGLU experts of the tokens ``x`` (t, d): each token's rows
+    sorted by expert, the experts' weights (experts, d, hidden) / (experts, hidden, d) applied
+    by ``ragged`` (``lax.ragged_dot``'s signature), the outputs weighted by the router's
+    softmax probabilities and summed back per token."""
+    t, d = x.shape
+    probs, chosen = jax.lax.top_k(jax.nn.softmax(router_logits.astype(jnp.float32)), top_k)
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat)
+    rows = jnp.repeat(x, top_k, axis=0)[order]
+    sizes = jnp.bincount(flat, length=wg.shape[0]).astype(jnp.int32)
+    h = jax.nn.silu(ragged(rows, wg, sizes)) * ragged(rows, wu, sizes)
+    out = jnp.zeros((t * top_k, d), h.dtype).at[order].set(ragged(h, wd, sizes))
+    return (out.reshape(t, top_k, d) * probs[..., None].astype(out.dtype)).sum(axis=1)
+
+
+def moe(dot, *, ragged=jax.lax.ragged_dot, experts: int, top_k: int, d: int, hidden: int, **sizes):
+    """``llama`` with every feed-forward a top-``top_k`` mixture of ``experts`` SwiGLU experts
+    (``experts_ffn``; the router a Dense through ``dot``).
+
+        >>> moe(jax.lax.dot_general, layers=4, d=2048, heads=16, kv_heads=4, hidden=1408,
+        ...     vocab=32003, experts=8, top_k=2)
+    """
+    dense = dense_layer(dot, bias=False)
+
+    class Experts(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            init = nn.initializers.lecun_normal(batch_axis=(0,))
+            wg = self.param("gate", init, (experts, d, hidden)).astype(BF16)
+            wu = self.param("up", init, (experts, d, hidden)).astype(BF16)
+            wd = self.param("down", init, (experts, hidden, d)).astype(BF16)
+            b, t, _ = h.shape
+            x = h.reshape(b * t, d)
+            return experts_ffn(ragged, x, dense(experts, "router")(x), wg, wu, wd, top_k).reshape(b, t, d)
+
+    return llama(dot, d=d, hidden=hidden, ffn=Experts, **sizes)
+
+
+def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, vocab: int, ffn=None, **_):
     """Llama-style: RMSNorm, grouped-query attention, SwiGLU, no biases, an untied head.
     ``apply(params, tokens)`` -> logits (batch, t, vocab), causal over the tokens;
     ``apply(params, tokens, cache, pos)`` -> (logits, cache): each layer writes the tokens'
@@ -265,7 +311,10 @@ def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, v
                 mask = jnp.arange(k.shape[1])[None, :] <= pos + jnp.arange(t)[:, None]  # (t, s) causal
             x = x + dense(d, "o")(attention(q, k, v, mask))
             h = nn.RMSNorm(dtype=BF16)(x)
-            x = x + dense(d, "down")(jax.nn.silu(dense(hidden, "gate")(h)) * dense(hidden, "up")(h))
+            if ffn is not None:
+                x = x + ffn(name="experts")(h)
+            else:
+                x = x + dense(d, "down")(jax.nn.silu(dense(hidden, "gate")(h)) * dense(hidden, "up")(h))
             return x if cache is None else (x, (k, v))
 
     class Llama(nn.Module):
@@ -284,4 +333,4 @@ def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, v
     return Llama()
 
 
-BUILDERS = {"gpt2": gpt2, "llama": llama, "vit": vit}  # the training models' builders
+BUILDERS = {"gpt2": gpt2, "llama": llama, "vit": vit, "moe": moe}  # the training models' builders
