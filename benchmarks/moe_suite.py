@@ -65,12 +65,13 @@ def group_sizes(case: Case, split: str):
     """int32 sizes summing to ``case.m``: equal, or falling by a factor 0.8 per expert with
     the last eighth empty."""
     import numpy as np
+
+    from jax_autotune.splits import equal_split
     if split == "equal":
-        sizes = np.full(case.experts, case.m // case.experts)
-    else:
-        live = max(1, case.experts - case.experts // 8)
-        weights = 0.8 ** np.arange(live)
-        sizes = np.concatenate([np.floor(weights / weights.sum() * case.m), np.zeros(case.experts - live)])
+        return equal_split(case.m, case.experts).astype(np.int32)
+    live = max(1, case.experts - case.experts // 8)
+    weights = 0.8 ** np.arange(live)
+    sizes = np.concatenate([np.floor(weights / weights.sum() * case.m), np.zeros(case.experts - live)])
     sizes = sizes.astype(np.int32)
     sizes[0] += case.m - sizes.sum()
     return sizes
