@@ -43,6 +43,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import (ShardKernels, explicit_sharding, lowering_targets_many_devices,
                                    partitioned_matmul)
 from jax_autotune.registry import has_devices, tuner_for
+from jax_autotune.tuning import lowering_warnings
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
     from jax._src import dispatch
@@ -178,7 +179,8 @@ def _lowering(platform: str):
         if candidate.fn is xla_dot:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         try:
-            return _emit(ctx, inputs, candidate.bound(problem))
+            with lowering_warnings.quiet():  # our kernels' JAX deprecations are not the user's
+                return _emit(ctx, inputs, candidate.bound(problem))
         except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem
             # (its wrapper refuses it while tracing, before emitting anything): XLA's dot
             warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower "

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from jax.extend.mlir import ir
 
+from jax_autotune.tuning import lowering_warnings
 from jax_autotune.tuning.module_ops import ops
 
 try:  # private: jax.export's allow-list lives here (jax 0.10 and 0.11)
@@ -104,7 +105,8 @@ def check(candidate, problem, platform: str) -> ExportSafety:
     fn = candidate.bound(problem)
     operands = tuple(jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in problem.input_specs())
     try:
-        lowered = jax.jit(fn).trace(*operands).lower(lowering_platforms=(platform,))
+        with lowering_warnings.quiet():
+            lowered = jax.jit(fn).trace(*operands).lower(lowering_platforms=(platform,))
         targets = module_targets(lowered.compiler_ir("stablehlo"))
         stable = stable_targets()
         unsafe = targets - stable if stable is not None else _refused(fn, operands, platform, targets)
@@ -122,7 +124,8 @@ def _refused(fn, operands, platform: str, targets: frozenset[str]) -> frozenset[
     if not targets:
         return frozenset()
     try:
-        jax.export.export(jax.jit(fn), platforms=(platform,))(*operands)
+        with lowering_warnings.quiet():
+            jax.export.export(jax.jit(fn), platforms=(platform,))(*operands)
     except ValueError as err:
         if REJECTED in str(err):
             return targets

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from jax_autotune.dtypes import is_integer
-from jax_autotune.tuning import counters, xla_priming
+from jax_autotune.tuning import counters, lowering_warnings, xla_priming
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
@@ -92,7 +92,8 @@ def _check_executable(candidate: Candidate, problem: MatmulProblem, args: tuple)
 
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
     """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
-    lowered = jax.jit(candidate.bound(problem)).lower(*args)
+    with lowering_warnings.quiet():
+        lowered = jax.jit(candidate.bound(problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
         # primed: XLA takes the choice it keeps, no kernel runs; else it autotunes
         compiled = xla_priming.compile_primed(lowered, problem, candidate, device_of(args[0]) if args else None)
@@ -180,7 +181,9 @@ def compile_repeated(fn, args: tuple):
         out = jax.eval_shape(fn, *inputs)
         return lax.fori_loop(0, reps, body, (tuple(inputs), jnp.zeros(out.shape, out.dtype)))[1]
 
-    compiled = compile_lowered(jax.jit(run).lower(*args, np.int32(1)))
+    with lowering_warnings.quiet():
+        lowered = jax.jit(run).lower(*args, np.int32(1))
+    compiled = compile_lowered(lowered)
     counters.bump("candidate_compiles")
     return compiled
 

@@ -25,17 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 
 from jax_autotune.dtypes import is_floating
 from jax_autotune.key import Precision
 from jax_autotune.kernels.gpu.sizes import cdiv
+from jax_autotune.kernels.gpu import triton_backend
+from jax_autotune.kernels.gpu.triton_backend import pl_triton
 from jax_autotune.problem import MatmulProblem
 
-# jax 0.10.2 and 0.11.2 both spell it ``CompilerParams``; older releases said
-# ``TritonCompilerParams``.
-_TritonCompilerParams = getattr(pl_triton, "CompilerParams", None) or getattr(
-    pl_triton, "TritonCompilerParams")
 _SQUEEZED = pl.Squeezed() if hasattr(pl, "Squeezed") else None
 
 
@@ -106,7 +103,7 @@ def dot_precision(problem: MatmulProblem) -> lax.Precision:
 
 
 def compiler_params(num_warps: int, num_stages: int):
-    return _TritonCompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return triton_backend.compiler_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def grouped_tile(tile: jax.Array, tiles_m: int, tiles_n: int, group_m: int):
