@@ -276,7 +276,7 @@ def supported(tuner, key, prefix):
 @pytest.mark.gpu
 def test_a_mosaic_winner_exports_as_is():
     a, b, want = gpu_problem()
-    tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: supported(t, k, "mosaic_wgmma_"),
+    tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: supported(t, k, "mosaic_gemm_"),
                                     platform="gpu", xla_dot=2e-5)
     exported = jax.export.export(jax.jit(jat.matmul))(a, b)
     assert "mosaic_gpu_v2" in targets(exported.mlir_module())
@@ -293,7 +293,7 @@ def test_a_triton_winner_is_replaced_by_the_fastest_safe_candidate():
     key = jat.key_for(a, b)
     triton = supported(probe, key, "triton_gemm_")
     mosaic = [c.name for c in probe.candidate_set.candidates
-              if c.name.startswith("mosaic_wgmma_") and c.supports(probe.device, key)][:1]
+              if c.name.startswith("mosaic_gemm_") and c.supports(probe.device, key)][:1]
     scores = {**{name: 1.5e-5 for name in mosaic}, "xla_dot": 2e-5}
     tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: triton, platform="gpu",
                                     **scores)

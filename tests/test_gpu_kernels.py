@@ -15,6 +15,7 @@ from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.kernels.gpu import mosaic as mosaic_kernels
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
+from jax_autotune.kernels.gpu.configs import MOSAIC_GEMM_RANKS
 from jax_autotune.kernels.gpu.packed import packed_gemm, packed_operands, packing_bytes
 from jax_autotune.kernels.gpu.padded import padded, padded_problem
 from jax_autotune.kernels.gpu.xla_variants import xla_transposed
@@ -233,7 +234,7 @@ def test_the_h200_set_keeps_its_checksum():
     # The checksum hashes every candidate's name and parameters in order. Changing the set
     # changes it, and every decision stored under the old one (tables, databases) is then
     # tuned again: change this value only together with the set, on purpose.
-    assert gpu_candidate_set(H200).checksum() == "c7bf501ffdaa4380"
+    assert gpu_candidate_set(H200, triton=True).checksum() == "857b4371ca036089"
 
 
 def test_a_new_family_is_one_builder_appended_to_the_families(monkeypatch):
@@ -281,26 +282,82 @@ def test_mosaic_is_skipped_on_an_a100_and_unsupported_there():
     key = key_of(4096, 4096, 4096)
     accelerated = next(g for g in cset.groups if g.name == "accelerated")
     assert accelerated.priority(key) < 0
-    mosaic = [c for c in cset.candidates if c.name.startswith("mosaic_wgmma")]
-    assert mosaic and not any(c.supports(A100, key) for c in mosaic)
+    mosaic = [c for c in cset.candidates if c.name.startswith("mosaic_gemm_")]
+    assert len(mosaic) == 2 * MOSAIC_GEMM_RANKS
+    assert not any(c.supports(A100, key) for c in mosaic)
     assert any(c.supports(H200, key) for c in mosaic) == mosaic_kernels.AVAILABLE
     assert first_round(cset, A100, key)[0] == "triton_gemm"
 
 
-def test_mosaic_needs_aligned_n_and_k_and_no_transposes():
-    cset = gpu_candidate_set(H200)
-    mosaic = next(c for c in cset.candidates if c.name.startswith("mosaic_wgmma"))
-    assert not mosaic.supports(H200, key_of(4096, 4000, 4096))
-    assert not mosaic.supports(H200, key_of(4096, 4096, 4096, transpose_b=True))
-    assert not mosaic.supports(H200, key_of(4096, 4096, 4096, dtype="float32"))
+@pytest.mark.parametrize("shape,dtype,kwargs,served", [
+    ((4096, 4096, 4096), "bfloat16", {}, True),
+    ((4096, 4096, 4096), "float16", {"transpose_a": True, "transpose_b": True}, True),
+    ((2048, 50264, 768), "bfloat16", {"transpose_b": True}, True),   # a head padded to 8 rows
+    ((4096, 4000, 4096), "bfloat16", {}, True),                       # 8000-byte rows
+    ((2048, 50257, 768), "bfloat16", {}, False),                      # the head as stored: odd rows
+    ((4095, 4095, 4095), "bfloat16", {}, False),
+    ((4096, 4096, 4096), "float32", {"transpose_b": True}, True),     # TF32 reads K-major only
+    ((4096, 4096, 4096), "float32", {}, False),
+    ((4096, 4096, 4096), "float32", {"transpose_b": True, "precision": "HIGHEST"}, False),
+    ((4096, 4096, 4096), "int8", {}, False),
+])
+def test_our_mosaic_gemm_serves_what_its_key_can_say(shape, dtype, kwargs, served):
+    from jax_autotune.kernels.gpu.predicates import mosaic_gemm_supports
+    problem = MatmulProblem(1, *shape, dtype, dtype, "int32" if dtype == "int8" else dtype, **kwargs)
+    assert mosaic_gemm_supports(H200, problem.key()) == (served and mosaic_kernels.AVAILABLE)
+    if served and mosaic_kernels.AVAILABLE:
+        assert mosaic_kernels.problem_supported(problem)
+    if served:
+        assert first_round(gpu_candidate_set(H200), H200, problem.key())[0] == "accelerated"
 
 
-def test_a_mosaic_config_over_shared_memory_is_filtered_by_its_estimate():
-    too_big = mosaic_kernels.MosaicConfig(128, 256, 64, 4, "N")
-    assert not mosaic_kernels.fits_shared_memory(too_big, "bfloat16")
-    assert mosaic_kernels.fits_shared_memory(mosaic_kernels.MosaicConfig(128, 128, 64, 4), "bfloat16")
+def test_each_rank_is_that_config_of_the_problems_own_ranking():
+    from jax_autotune.kernels.gpu import mosaic_gemm
+    from jax_autotune.kernels.gpu.cost import mosaic_gemm_cost
+    for shape in ((4096, 4096, 4096), (768, 768, 768), (128, 8192, 8192)):
+        p = MatmulProblem(1, *shape, "bfloat16", "bfloat16", "bfloat16")
+        ranked = mosaic_gemm.configs_for(*shape, "bfloat16", limit=MOSAIC_GEMM_RANKS)
+        assert [mosaic_kernels.ranked_config(p, r, 132) for r in range(len(ranked))] == list(ranked)
+        assert len(set(ranked)) == len(ranked) > 1
+        assert all(0 < mosaic_gemm_cost(r, p, 132) < 1e-2 for r in range(len(ranked)))
     p = MatmulProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "bfloat16")
-    assert "shared memory" in mosaic_kernels.shape_supported(too_big, p)
+    assert mosaic_kernels.ranked_config(p, 50, 132) is None
+    assert mosaic_gemm_cost(50, p, 132) == float("inf")
+
+
+def test_a_problem_of_the_key_that_mosaic_cannot_read_is_refused_with_the_reason():
+    p = MatmulProblem(1, 1001, 4096, 4096, "bfloat16", "bfloat16", "bfloat16")  # m % 8 != 0
+    reason = mosaic_kernels.problem_supported(p)
+    assert not reason and "multiple of 8" in reason
+    with pytest.raises(ValueError, match="multiple of 8"):
+        mosaic_kernels.mosaic_matmul(np.ones(p.lhs_shape, "bfloat16"), np.ones(p.rhs_shape, "bfloat16"), p, rank=0)
+
+
+def test_a_fused_mosaic_rank_stands_in_for_the_plain_one_where_it_takes_the_epilogue():
+    from jax_autotune.epilogue import Epilogue
+    cset = gpu_candidate_set(H200)
+    plain, fused = cset.by_name("mosaic_gemm_r0"), cset.by_name("mosaic_gemm_r0_epilogue")
+    bias_tanh = MatmulProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "bfloat16",
+                              epilogue=Epilogue.parse("row:bfloat16|add(y,$0);tanh(%0)")).key()
+    logsumexp = MatmulProblem(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "float32",
+                              epilogue=Epilogue.parse("|reduce_max{axes=n}(y)")).key()
+    bare = key_of(4096, 4096, 4096)
+    assert fused.applies_epilogue and fused.product == "mosaic_gemm_r0"
+    available = mosaic_kernels.AVAILABLE
+    assert (plain.supports(H200, bare), fused.supports(H200, bare)) == (available, False)
+    assert (plain.supports(H200, bias_tanh), fused.supports(H200, bias_tanh)) == (False, available)
+    assert (plain.supports(H200, logsumexp), fused.supports(H200, logsumexp)) == (available, False)
+
+
+def test_without_the_triton_backend_the_set_has_no_triton_kernel_and_still_tunes_every_key():
+    from jax_autotune.kernels.gpu import triton_backend
+    without = gpu_candidate_set(H200, triton=False)
+    assert not [n for n in without.names() if n.startswith("triton_")]
+    assert "mosaic_gemm_r0" in without.names() and "cublaslt_algo0" in without.names()
+    assert without.checksum() != gpu_candidate_set(H200, triton=True).checksum()
+    assert gpu_candidate_set(H200).checksum() == gpu_candidate_set(H200, triton=triton_backend.SHIPPED).checksum()
+    group, names = first_round(without, H200, key_of(768, 768, 768))
+    assert group == "triton_gemm" and names == ["mosaic_gemm_r0"]
 
 
 def test_triton_configs_over_a_devices_shared_memory_are_unsupported_there():
@@ -494,3 +551,29 @@ def test_the_tiled_gemm_applies_an_epilogue_with_scalar_operands_as_rows():
     out = gemm(lhs, rhs, p, SMALL, *extra, interpret=True)
     want = epilogue.reference(reference(lhs, rhs, p), extra)
     assert rel_error(out, want) < 1e-5
+
+
+@pytest.mark.skipif(not mosaic_kernels.AVAILABLE, reason=f"Mosaic GPU unavailable: {mosaic_kernels.IMPORT_ERROR}")
+@pytest.mark.parametrize("name, m, n, k, tb, epilogue", [
+    ("mosaic_gemm_r0", 2048, 2048, 1024, False, None),
+    ("mosaic_gemm_r1", 1000, 50264, 768, True, None),
+    ("mosaic_gemm_r0_epilogue", 1024, 4096, 512, False, "row:bfloat16|add(y,$0);tanh(%0)"),
+])
+def test_mosaic_candidates_cross_lower_as_the_product_binds_them(name, m, n, k, tb, epilogue):
+    """The candidate, bound to its problem, lowers for CUDA to one Mosaic GPU kernel and
+    nothing that copies an operand (no transpose; the epilogue in the kernel)."""
+    import re
+
+    import jax
+
+    from jax_autotune.epilogue import Epilogue
+    extra = {"epilogue": Epilogue.parse(epilogue)} if epilogue else {}
+    problem = MatmulProblem(1, m, n, k, "bfloat16", "bfloat16", "bfloat16", False, tb, **extra)
+    candidate = gpu_candidate_set(H200).by_name(name)
+    assert candidate.runs(H200, problem.key())
+    specs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in problem.input_specs()]
+    text = jax.jit(candidate.bound(problem)).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.findall(r"custom_call @(\w+)", text) == ["mosaic_gpu_v2"]
+    assert "stablehlo.transpose" not in text and "stablehlo.pad" not in text
+    if epilogue:
+        assert "stablehlo.tanh" not in text

@@ -114,3 +114,25 @@ def test_xla_refuses_to_autotune_under_kept_choices_only_and_a_primed_dot_compil
     unprimed = jax.jit(xla.bound(fresh)).lower(*random_operands(fresh, device))
     with pytest.raises(Exception, match="(?i)autotun"):  # a miss is an error, not a run of kernels
         unprimed.compile(compiler_options=xla_priming.KEPT_CHOICES_ONLY)
+
+
+def test_tuning_and_running_with_triton_candidates_shows_no_triton_deprecation(fresh_tuning):
+    """The round times Triton-backend kernels (lowered by the tuner, then by the product
+    where one wins); JAX's deprecation of that backend is ours to keep from the user."""
+    import warnings
+
+    from jax_autotune.kernels.gpu import triton_backend
+    if not triton_backend.SHIPPED:
+        pytest.skip(triton_backend.WHY_NOT)
+    a = jnp.asarray(RNG.standard_normal((4095, 4095)), jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((4095, 4095)), jnp.bfloat16)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = jax.jit(jat.matmul)(a, b)
+        decision = tuner_for("gpu").select(jat.MatmulProblem(1, 4095, 4095, 4095, "bfloat16", "bfloat16",
+                                                               "bfloat16"))
+    timed = [r for r in decision.results if r.name.startswith("triton_") and r.outcome == "ok"]
+    assert timed, [(r.name, r.outcome) for r in decision.results]
+    assert not [str(w.message) for w in seen if str(w.message).startswith(triton_backend.DEPRECATION)]
+    want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    assert rel_error(out, want) < 2e-2

@@ -1,4 +1,4 @@
-"""GPU kernels for the tuner: Pallas Triton and Mosaic GPU (Hopper) matmul families.
+"""GPU kernels for the tuner: cuBLASLt, our Mosaic GPU (Hopper) GEMM and Pallas Triton families.
 
 ``candidates`` builds the set, one builder per family (``FAMILIES``), from the configs
 of ``configs``, the key predicates and supports rules of ``predicates`` and the cost
@@ -9,8 +9,8 @@ model of ``cost``.
 """
 
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig, mosaic_matmul
+from jax_autotune.kernels.gpu.mosaic import MosaicGemmConfig, mosaic_matmul
 from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, vector_matmul
 
-__all__ = ["gpu_candidate_set", "GemmConfig", "VectorConfig", "MosaicConfig", "gemm",
+__all__ = ["gpu_candidate_set", "GemmConfig", "VectorConfig", "MosaicGemmConfig", "gemm",
            "vector_matmul", "mosaic_matmul"]

@@ -1,4 +1,4 @@
-"""The GPU candidate set: XLA's dot, Mosaic GPU wgmma and Pallas Triton kernels.
+"""The GPU candidate set: XLA's dot, cuBLASLt, our Mosaic GPU GEMM and Pallas Triton kernels.
 
     >>> from jax_autotune.tuning.device import DeviceInfo
     >>> h200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
@@ -38,14 +38,27 @@ its top in-group tier run (1-5 of them, next to XLA's dot). The predicates
 |              |                                                             | GEMMs whose narrow block (16, 32, 64) matches  |
 |              |                                                             | the narrow side (4: plain, split-K, bk 256)    |
 | split_k      | 5 if General, m*n <= 2**21 and k >= 2048                    | XLA's dot of the transposed problem (every     |
-|              |                                                             | dtype); half: + 3 split-K Triton GEMMs         |
-| accelerated  | 4 if the device is sm_90+, bf16/f16 in = out, batch 1, no   | Mosaic wgmma configs + the best large Triton   |
-|              | transposes, m, n >= 1024, scale Large, n % 256 == 0 and     | GEMM                                           |
-|              | k % 64 == 0 by the stride factors                           |                                                |
+|              |                                                             | dtype); half: + 3 split-K Triton GEMMs; our    |
+|              |                                                             | Mosaic GEMM's first-ranked config              |
+| accelerated  | 4 if the device is sm_90+ with Mosaic GPU, scale Large,     | our Mosaic GEMM, its first two configs by rank |
+|              | m, n >= 1024 and our Mosaic GEMM serves the key (bf16, f16  | (the third in the lower tier); no Triton       |
+|              | or TF32 K-major, any stored orientation, batch, row strides |                                                |
+|              | multiples of 32 bytes)                                      |                                                |
 | triton_gemm  | 3 for every other key with m, n, k > 1                      | half: the profile's GEMMs, medium (m*n <=      |
 |              |                                                             | 2**22) / small_k (k <= 256) / large; tf32: 1-2 |
 |              |                                                             | K-major packed GEMMs per profile; f32 HIGH and |
-|              |                                                             | HIGHEST: none (XLA's dot, untimed)             |
+|              |                                                             | HIGHEST: none (XLA's dot, untimed); our Mosaic |
+|              |                                                             | GEMM's first-ranked config where it serves     |
+
+Our Mosaic GPU GEMM (``mosaic_gemm_r0..2``, ``kernels.gpu.mosaic``) is a rank, not a
+config: each problem gets the configs ``mosaic_gemm.configs_for`` ranks for its own sizes
+(``configs.MOSAIC_GEMM_RANKS``), so a key tries a few, never a sweep.
+
+The Triton families (``TRITON_FAMILIES``) join the set only where this jax ships Pallas's
+Triton backend (``kernels.gpu.triton_backend.SHIPPED``, the one place that decides), and
+only where no Mosaic kernel serves the round in their stead: the accelerated group, whose
+keys our Mosaic GEMM serves, has none (on the 2026-12-01 H200 suite no Triton GEMM won an
+aligned large key). Their lowering never shows JAX's deprecation of the backend.
 
 cuBLASLt (``cublaslt_algo0..2``: the first three algorithms of its heuristic, called
 through an FFI custom call) joins every group's top tier, like XLA's dot joins every
@@ -57,8 +70,8 @@ A key with an epilogue (``MatmulKey.epilogue``) runs every candidate with the ep
 after it as XLA ops (XLA fuses it into its own GEMM, a custom call's runs as one more
 kernel), and adds the fused ones (``kernels.gpu.epilogues``): ``cublaslt_epilogue_algo0..2``
 (cuBLASLt's bias, relu, gelu and residual epilogues, beside ``cublaslt_algo*``), and each
-unsplit Triton GEMM as ``..._epilogue``, which applies an elementwise epilogue to its tiles
-before the store and stands in for the plain one there.
+unsplit Triton GEMM and each Mosaic rank as ``..._epilogue``, which applies an elementwise
+epilogue to its tiles before the store and stands in for the plain one there.
 
 Candidates a device cannot run (``supports``: platform, capability, dtypes, shared
 memory, alignment) are demoted by the planner; Mosaic needs sm_90 and on other GPUs its
@@ -75,19 +88,21 @@ from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSet
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.kernels.gpu import cublaslt, epilogues
 from jax_autotune.kernels.gpu.configs import (
-    CUBLASLT_ALGORITHMS, F32_PACKED_PROFILES, GEMM_PROFILES, MOSAIC_CONFIGS, PADDED_BARRIER_ALIGNS,
+    CUBLASLT_ALGORITHMS, F32_PACKED_PROFILES, GEMM_PROFILES, MOSAIC_GEMM_RANKS, MOSAIC_GEMM_RULE,
+    MOSAIC_GEMM_TOP_RANKS, PADDED_BARRIER_ALIGNS,
     PADDED_CUBLASLT_ALIGNS, PADDED_PACKED_CONFIGS, PADDED_TOP_ALIGN, PADDED_XLA_ALIGN, SKINNY_NARROW,
     SKINNY_SHAPES, SPLIT_K_CONFIGS, VECTOR_CONFIGS, skinny_config,
 )
 from jax_autotune.kernels.gpu.cost import (
-    gemm_cost, mosaic_cost, packed_cost, padded_xla_cost, vector_cost, xla_cost,
+    gemm_cost, mosaic_gemm_cost, packed_cost, padded_xla_cost, vector_cost, xla_cost,
 )
+from jax_autotune.kernels.gpu import mosaic_gemm, triton_backend
 from jax_autotune.kernels.gpu.mosaic import mosaic_matmul
 from jax_autotune.kernels.gpu.packed import packed_gemm
 from jax_autotune.kernels.gpu.padded import padded
 from jax_autotune.kernels.gpu.predicates import (
     applying_epilogue, cublaslt_epilogue_supports, cublaslt_supports, dtype_class, float_supports,
-    gemm_supports, is_misaligned, is_split_k_shape, is_vector, mosaic_shape, mosaic_supports,
+    gemm_supports, is_misaligned, is_split_k_shape, is_vector, mosaic_gemm_supports, mosaic_shape,
     narrow_block, narrow_side, size_class, tf32_key, unless_applied, vector_supports,
 )
 from jax_autotune.kernels.gpu.triton import GemmConfig, gemm, vector_matmul
@@ -165,7 +180,7 @@ class Groups(NamedTuple):
 
 def declare_groups(builder: CandidateSetBuilder, device: DeviceInfo) -> Groups:
     """The five groups of the table above, declared on ``builder`` in this order."""
-    hopper = (device.compute_capability or (0, 0)) >= (9, 0)
+    mosaic = (device.compute_capability or (0, 0)) >= (9, 0) and mosaic_gemm.AVAILABLE
     return Groups(
         # a misaligned key's round seldom ends early (XLA's own dot there is far from the
         # roofline), so its XLA-based candidates are autotuned together with XLA's dot
@@ -176,7 +191,7 @@ def declare_groups(builder: CandidateSetBuilder, device: DeviceInfo) -> Groups:
         split_k=builder.group(
             "split_k", lambda key: 5 if key.kind == Kind.GENERAL and is_split_k_shape(key) else SKIP),
         accelerated=builder.group(
-            "accelerated", lambda key: 4 if hopper and mosaic_shape(key) else SKIP),
+            "accelerated", lambda key: 4 if mosaic and mosaic_shape(key) else SKIP),
         triton=builder.group(
             "triton_gemm", lambda key: 3 if key.m > 1 and key.n > 1 and key.k > 1 else SKIP),
     )
@@ -200,15 +215,15 @@ def _add_cublaslt(builder: CandidateSetBuilder, groups: Groups, family: str, ker
 
 
 def _add_with_fused(builder: CandidateSetBuilder, name: str, kernel, params: dict, supports, cost,
-                    pairs: list, fuses: bool = True) -> None:
-    """A Triton GEMM ``name`` and, if it ``fuses``, ``{name}_epilogue``, which applies an
-    elementwise epilogue to its tiles and stands in for it wherever it takes one."""
+                    pairs: list, fuses: bool = True, takes=epilogues.triton_takes) -> None:
+    """A GEMM ``name`` and, if it ``fuses``, ``{name}_epilogue``, which applies an
+    elementwise epilogue to its tiles and stands in for it wherever it ``takes`` one."""
     builder.add(Candidate(name, kernel, params=params,
-                          supports=unless_applied(supports) if fuses else supports, cost=cost),
+                          supports=unless_applied(supports, takes) if fuses else supports, cost=cost),
                 *pairs)
     if fuses:
         builder.add(Candidate(f"{name}_epilogue", kernel, params={**params, "epilogue": True},
-                              supports=applying_epilogue(supports), cost=cost, applies_epilogue=True,
+                              supports=applying_epilogue(supports, takes), cost=cost, applies_epilogue=True,
                               product=name),
                     *pairs)
 
@@ -224,14 +239,25 @@ def cublaslt_epilogue_family(builder: CandidateSetBuilder, groups: Groups, devic
                   cublaslt_epilogue_supports, applies_epilogue=True)
 
 
-def mosaic_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
-    """``mosaic_wgmma_*``: the accelerated group's top tier (sm_90)."""
-    for config in MOSAIC_CONFIGS:
-        builder.add(Candidate(f"mosaic_wgmma_{config.name}", _kernel(mosaic_matmul, config),
-                              params=_params(config, "mosaic_wgmma"),
-                              supports=mosaic_supports(config),
-                              cost=functools.partial(mosaic_cost, config, sms=device.multiprocessors)),
-                    groups.accelerated, _top)
+def _ranked_kernel(rank: int):
+    def kernel(lhs, rhs, problem: MatmulProblem, *operands):
+        return mosaic_matmul(lhs, rhs, problem, *operands, rank=rank)
+    kernel.__name__ = f"mosaic_gemm_r{rank}"
+    return kernel
+
+
+def mosaic_gemm_family(builder: CandidateSetBuilder, groups: Groups, device: DeviceInfo) -> None:
+    """``mosaic_gemm_r0..2`` and their ``_epilogue`` variants (sm_90): each problem's
+    rank-th config; the accelerated group's top tier (ranks 0-1, rank 2 below), and rank 0
+    in triton_gemm's and split_k's top tiers."""
+    for rank in range(MOSAIC_GEMM_RANKS):
+        pairs = [(groups.accelerated, _top if rank < MOSAIC_GEMM_TOP_RANKS else _lower)]
+        if rank == 0:
+            pairs += [(groups.triton, _top), (groups.split_k, _top)]
+        _add_with_fused(builder, f"mosaic_gemm_r{rank}", _ranked_kernel(rank),
+                        {"family": "mosaic_gemm", "rank": rank, "rule": MOSAIC_GEMM_RULE},
+                        mosaic_gemm_supports, functools.partial(mosaic_gemm_cost, rank, sms=device.multiprocessors),
+                        pairs, takes=epilogues.mosaic_takes)
 
 
 def _profile_tier(profile: tuple[str, str]):
@@ -249,12 +275,9 @@ def _skinny_tier(side: str, narrow: int):
 
 def _gemm_slots(groups: Groups):
     """(config, group, in-group priority) for every place a Triton GEMM serves."""
-    accelerated_backups = GEMM_PROFILES[("half", "large")][:1]
     for profile, configs in GEMM_PROFILES.items():
         for config in configs:
             yield config, groups.triton, _profile_tier(profile)
-            if config in accelerated_backups:
-                yield config, groups.accelerated, _top
     for config in SPLIT_K_CONFIGS:
         yield config, groups.split_k, _half_only
     for side in ("m", "n"):
@@ -352,23 +375,28 @@ def triton_vector_family(builder: CandidateSetBuilder, groups: Groups, device: D
 
 
 # The order is the set's (its checksum hashes it): a new family goes at the end.
-FAMILIES = (cublaslt_family, cublaslt_epilogue_family, mosaic_family, triton_gemm_family,
+FAMILIES = (cublaslt_family, cublaslt_epilogue_family, mosaic_gemm_family, triton_gemm_family,
             triton_packed_family, padded_xla_family, padded_cublaslt_family, padded_barrier_family,
             xla_transposed_family, triton_vector_family)
+# on Pallas's Triton backend: in the set only where this jax ships it
+TRITON_FAMILIES = (triton_gemm_family, triton_packed_family, triton_vector_family)
 
 
-def gpu_candidate_set(device: DeviceInfo) -> CandidateSet:
-    """XLA's dot (candidate 0), the groups, then every family of ``FAMILIES`` in order."""
+def gpu_candidate_set(device: DeviceInfo, triton: bool | None = None) -> CandidateSet:
+    """XLA's dot (candidate 0), the groups, then every family of ``FAMILIES`` in order, the
+    Triton ones only if ``triton`` (default: ``triton_backend.SHIPPED``)."""
+    triton = triton_backend.SHIPPED if triton is None else triton
     builder = CandidateSetBuilder("gpu", device.device_kind)
     builder.add(XLA_DOT)
     groups = declare_groups(builder, device)
     for family in FAMILIES:
-        family(builder, groups, device)
+        if triton or family not in TRITON_FAMILIES:
+            family(builder, groups, device)
     return builder.build()
 
 
-__all__ = ["gpu_candidate_set", "FAMILIES", "Groups", "declare_groups", "CUBLASLT_ALGORITHMS",
+__all__ = ["gpu_candidate_set", "FAMILIES", "TRITON_FAMILIES", "Groups", "declare_groups", "CUBLASLT_ALGORITHMS",
            "GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS",
            "PADDED_PACKED_CONFIGS", "VECTOR_CONFIGS", "packed_cost", "xla_cost", "tf32_key",
-           "MOSAIC_CONFIGS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
-           "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_cost", "vector_cost"]
+           "MOSAIC_GEMM_RANKS", "SKINNY_NARROW", "dtype_class", "size_class", "narrow_side",
+           "is_split_k_shape", "mosaic_shape", "gemm_cost", "mosaic_gemm_cost", "vector_cost"]

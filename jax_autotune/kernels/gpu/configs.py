@@ -11,7 +11,6 @@ config's ``name``) and gives it its groups and tiers.
 
 from __future__ import annotations
 
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig
 from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig
 
 
@@ -62,8 +61,13 @@ def skinny_config(side: str, narrow: int, wide: int, bk: int, stages: int, sk: i
 # work at m == 1); XLA's dot is at the memory floor there anyway
 VECTOR_CONFIGS = (VectorConfig(32, 512, 4, 3), VectorConfig(16, 1024, 4, 3))
 
-MOSAIC_CONFIGS = (MosaicConfig(128, 128, 64, 4, "N"), MosaicConfig(128, 128, 64, 4, "M"),
-                  MosaicConfig(128, 128, 64, 4, "N", grid_tile_width=8))
+# our Mosaic GPU GEMM: the first configs ``mosaic_gemm.configs_for`` ranks for a problem
+# (by tile and wave quantization), one candidate per rank; the first ranks are a round's top
+# tier, the rest a lower one. ``MOSAIC_GEMM_RULE`` names the ranking: a changed ranking is a
+# changed candidate set (its checksum hashes the rule), so stored decisions re-tune.
+MOSAIC_GEMM_RANKS = 3
+MOSAIC_GEMM_TOP_RANKS = 2
+MOSAIC_GEMM_RULE = "configs_for/1"
 
 # cuBLASLt: this many of its heuristic's algorithms per problem (rank 0 is its own pick)
 CUBLASLT_ALGORITHMS = 3
@@ -88,5 +92,5 @@ PADDED_PACKED_CONFIGS = (_g(128, 128, 64, 8, 3), _g(128, 64, 64, 4, 4))
 
 
 __all__ = ["GEMM_PROFILES", "F32_PACKED_PROFILES", "SPLIT_K_CONFIGS", "SKINNY_SHAPES", "SKINNY_NARROW",
-           "skinny_config", "VECTOR_CONFIGS", "MOSAIC_CONFIGS", "CUBLASLT_ALGORITHMS", "PADDED_XLA_ALIGN",
+           "skinny_config", "VECTOR_CONFIGS", "MOSAIC_GEMM_RANKS", "MOSAIC_GEMM_TOP_RANKS", "MOSAIC_GEMM_RULE", "CUBLASLT_ALGORITHMS", "PADDED_XLA_ALIGN",
            "PADDED_CUBLASLT_ALIGNS", "PADDED_BARRIER_ALIGNS", "PADDED_TOP_ALIGN", "PADDED_PACKED_CONFIGS"]

@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig
+from jax_autotune.kernels.gpu import mosaic
 from jax_autotune.kernels.gpu.packed import packing_bytes
 from jax_autotune.kernels.gpu.padded import padded_problem
 from jax_autotune.kernels.gpu.predicates import dtype_class
@@ -66,12 +66,19 @@ def vector_cost(config: VectorConfig, problem: MatmulProblem) -> float:
     return _memory_seconds(problem) / 0.8 + _LAUNCH_S
 
 
-def mosaic_cost(config: MosaicConfig, problem: MatmulProblem, sms: int) -> float:
+def mosaic_gemm_cost(rank: int, problem: MatmulProblem, sms: int) -> float:
+    """Our Mosaic GEMM with its ``rank``-th config: whole waves of CTA tiles at 85% of peak
+    (split-K: each split's k range, the f32 partials moved twice), or the bytes."""
+    config = mosaic.ranked_config(problem, rank, sms)
+    if config is None:
+        return float("inf")
     cta_m, cta_n = config.cta_tile
-    tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n)
-    waves = cdiv(tiles, sms)
-    compute = waves * sms * 2 * cta_m * cta_n * problem.k / (0.85 * _peak(problem))
-    return max(compute, _memory_seconds(problem)) + _LAUNCH_S
+    split = config.split_k
+    tiles = problem.batch * cdiv(problem.m, cta_m) * cdiv(problem.n, cta_n) * split
+    k_extent = cdiv(cdiv(problem.k, config.tile_k), split) * config.tile_k
+    compute = cdiv(tiles, sms) * sms * 2 * cta_m * cta_n * k_extent / (0.85 * _peak(problem))
+    partials = 2 * 4 * split * problem.batch * problem.m * problem.n if split > 1 else 0.0
+    return max(compute, _memory_seconds(problem, partials)) + (1 + (split > 1)) * _LAUNCH_S
 
 
 def packed_cost(config: GemmConfig, k_major: bool, problem: MatmulProblem,
@@ -99,4 +106,4 @@ def padded_xla_cost(align: int, problem: MatmulProblem, misaligned_only: bool = 
     return _library_seconds(padded_problem(problem, align, misaligned_only)) + pad_copies
 
 
-__all__ = ["gemm_cost", "vector_cost", "mosaic_cost", "packed_cost", "xla_cost", "padded_xla_cost"]
+__all__ = ["gemm_cost", "vector_cost", "mosaic_gemm_cost", "packed_cost", "xla_cost", "padded_xla_cost"]

@@ -41,6 +41,12 @@ def triton_takes(epilogue: Epilogue) -> bool:
             and all(o.role in _TRITON_ROLES for o in epilogue.operands))
 
 
+def mosaic_takes(epilogue: Epilogue) -> bool:
+    """Whether our Mosaic GPU GEMM applies ``epilogue`` in registers before its store
+    (every operand role; a full operand's row alignment is checked on the problem)."""
+    return not epilogue.is_bare and epilogue.elementwise
+
+
 def cublaslt_form(epilogue: Epilogue, out_dtype: str) -> CublasLtForm | None:
     """How cuBLASLt's epilogue computes ``epilogue`` on an ``out_dtype`` product, or None."""
     if epilogue.is_bare or not epilogue.elementwise or any(o.dtype != out_dtype for o in epilogue.operands):
@@ -92,4 +98,4 @@ def _captured(fn, dtype: str, *roles: str) -> Epilogue:
     return found[head].epilogue
 
 
-__all__ = ["CublasLtForm", "cublaslt_form", "taken_by_value", "triton_takes"]
+__all__ = ["CublasLtForm", "cublaslt_form", "taken_by_value", "triton_takes", "mosaic_takes"]

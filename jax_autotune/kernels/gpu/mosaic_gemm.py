@@ -227,14 +227,16 @@ def _wave_efficiency(tiles: int, sms: int) -> float:
 
 
 def configs_for(m: int, n: int, k: int, dtype: str, *, batch: int = 1, num_sms: int = H100_SMS,
-                out_dtype: str | None = None, limit: int = 4) -> tuple[MosaicGemmConfig, ...]:
+                out_dtype: str | None = None, limit: int = 4,
+                operands: Sequence[tuple[str, str]] = ()) -> tuple[MosaicGemmConfig, ...]:
     """A few configs for a problem, ranked by tile and wave quantization (not a sweep).
 
     Candidate CTA tiles are 128x256 (both orientations), 128x128 and, for a narrow
     side, 64-row warpgroup tiles; each is scored by useful work over padded work
     (the ragged edge tiles) times the SMs' busy fraction, with a small penalty for small
     tiles (less reuse per byte). Split-K is offered when the output tiles fill less
-    than half a wave and k is long.
+    than half a wave and k is long. Stages shrink until the config fits shared memory
+    with the epilogue ``operands`` ((role, dtype) pairs) beside it.
     """
     itemsize = np.dtype(dtype).itemsize
     tile_k = 64 if itemsize == 2 else 32  # 128 bytes of k: the widest swizzle
@@ -254,11 +256,13 @@ def configs_for(m: int, n: int, k: int, dtype: str, *, batch: int = 1, num_sms: 
         score = padding * eff * (0.8 + 0.2 * reuse)
         stages = 4
         config = dataclasses.replace(base, stages=stages, split_k=split)
-        while stages > 2 and not fits_shared_memory(config, dtype, out_dtype):
+        while stages > 2 and not fits_shared_memory(config, dtype, out_dtype, operands=operands):
             stages -= 1
             config = dataclasses.replace(config, stages=stages)
-        if fits_shared_memory(config, dtype, out_dtype):
+        if fits_shared_memory(config, dtype, out_dtype, operands=operands):
             scored.append((score, config))
+    if not scored:
+        return ()
     scored.sort(key=lambda item: -item[0])
     best = [config for _, config in scored[:max(1, limit - 1)]]
     # a second raster of the best tile: bands along the other axis

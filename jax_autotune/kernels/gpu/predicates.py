@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_autotune.kernels.gpu import cublaslt, epilogues, mosaic
-from jax_autotune.kernels.gpu.mosaic import MosaicConfig
+from jax_autotune.kernels.gpu import cublaslt, epilogues, mosaic_gemm
 from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES
 from jax_autotune.kernels.gpu.triton import GemmConfig, shared_memory_bytes
 from jax_autotune.key import Kind, Layout, MatmulKey, Precision, Scale
@@ -74,16 +73,31 @@ def is_split_k_shape(key: MatmulKey) -> bool:
     return key.m * key.n <= 2 ** 21 and key.k >= 2048
 
 
+def _stored_as_is(layout: Layout) -> bool:
+    """Contiguous, or only its last two axes swapped: what a TMA descriptor reads as stored."""
+    return layout.name == "Contiguous" or (layout.name == "MildlyPermuted" and not layout.batch_swap)
+
+
+def mosaic_gemm_serves(key: MatmulKey) -> bool:
+    """What a key records of our Mosaic GEMM's rules (``kernels.gpu.mosaic``): one input
+    dtype of bf16, f16 or f32 (TF32: Precision.DEFAULT, lhs (m, k) and rhs stored (n, k)),
+    out the input dtype or f32, operands read as stored, every row stride a multiple of
+    32 bytes. Row counts (m a multiple of 8, ...) are not in the key: the kernel checks them."""
+    dtype = key.lhs_dtype
+    if dtype not in FLOAT or key.rhs_dtype != dtype or key.out_dtype not in (dtype, "float32"):
+        return False
+    if Precision(key.precision).algorithm is not None or key.kind != Kind.GENERAL:
+        return False
+    if dtype == "float32" and (key.precision != Precision.DEFAULT or key.lhs_layout.transposed
+                               or not key.rhs_layout.transposed):
+        return False
+    return (_stored_as_is(key.lhs_layout) and _stored_as_is(key.rhs_layout)
+            and min(2 ** key.lhs_stride_factor, 2 ** key.rhs_stride_factor) >= 2 * ROW_ALIGN_BYTES)
+
+
 def mosaic_shape(key: MatmulKey) -> bool:
-    """The accelerated group's key test (device-independent part)."""
-    itemsize = np.dtype(key.lhs_dtype).itemsize
-    return (key.lhs_dtype in HALF and key.rhs_dtype == key.lhs_dtype
-            and key.out_dtype == key.lhs_dtype and key.batch == 1
-            and key.kind == Kind.GENERAL and key.scale == Scale.LARGE
-            and key.lhs_layout == Layout.contiguous() and key.rhs_layout == Layout.contiguous()
-            and min(key.m, key.n) >= 1024
-            and 2 ** key.rhs_stride_factor >= 256 * itemsize  # n % 256 == 0
-            and 2 ** key.lhs_stride_factor >= 64 * itemsize)  # k % 64 == 0
+    """The accelerated group's key test: large, both sides >= 1024, served by our Mosaic GEMM."""
+    return key.scale == Scale.LARGE and min(key.m, key.n) >= 1024 and mosaic_gemm_serves(key)
 
 
 # ---------------------------------------------------------------- supports
@@ -116,31 +130,26 @@ def cublaslt_epilogue_supports(device: DeviceInfo, key: MatmulKey) -> bool:
             and cublaslt_supports(device, key))
 
 
-def applying_epilogue(supports):
-    """``supports`` for a Triton GEMM's fused variant: only where it takes the epilogue."""
-    return lambda device, key: epilogues.triton_takes(key.epilogue) and supports(device, key)
+def applying_epilogue(supports, takes=epilogues.triton_takes):
+    """``supports`` for a GEMM's fused variant: only where it ``takes`` the epilogue."""
+    return lambda device, key: takes(key.epilogue) and supports(device, key)
 
 
-def unless_applied(supports):
-    """``supports`` for a plain Triton GEMM with a fused variant, which stands in for it
-    wherever that one takes the epilogue."""
-    return lambda device, key: not epilogues.triton_takes(key.epilogue) and supports(device, key)
+def unless_applied(supports, takes=epilogues.triton_takes):
+    """``supports`` for a plain GEMM with a fused variant, which stands in for it wherever
+    that one ``takes`` the epilogue."""
+    return lambda device, key: not takes(key.epilogue) and supports(device, key)
 
 
 def vector_supports(device: DeviceInfo, key: MatmulKey) -> bool:
     return _triton_device_ok(device, key) and is_vector(key)
 
 
-def mosaic_supports(config: MosaicConfig):
-    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        cc = device.compute_capability
-        itemsize = np.dtype(key.lhs_dtype).itemsize
-        return (device.platform == "gpu" and cc is not None and cc >= (9, 0)
-                and mosaic.AVAILABLE and mosaic_shape(key)
-                and 2 ** key.rhs_stride_factor >= config.cta_tile[1] * itemsize
-                and 2 ** key.lhs_stride_factor >= config.tile_k * itemsize
-                and mosaic.fits_shared_memory(config, key.lhs_dtype, device.shared_memory_limit))
-    return supports
+def mosaic_gemm_supports(device: DeviceInfo, key: MatmulKey) -> bool:
+    """Our Mosaic GEMM on this key: sm_90 (wgmma, TMA), Mosaic GPU importable, the key served."""
+    cc = device.compute_capability
+    return (device.platform == "gpu" and cc is not None and cc >= (9, 0)
+            and mosaic_gemm.AVAILABLE and mosaic_gemm_serves(key))
 
 
 def float_supports(device: DeviceInfo, key: MatmulKey) -> bool:
@@ -149,6 +158,6 @@ def float_supports(device: DeviceInfo, key: MatmulKey) -> bool:
 
 
 __all__ = ["HALF", "FLOAT", "dtype_class", "size_class", "tf32_key", "is_vector", "narrow_side",
-           "narrow_block", "is_misaligned", "is_split_k_shape", "mosaic_shape", "gemm_supports",
+           "narrow_block", "is_misaligned", "is_split_k_shape", "mosaic_shape", "mosaic_gemm_serves", "gemm_supports",
            "cublaslt_supports", "cublaslt_epilogue_supports", "applying_epilogue", "unless_applied",
-           "vector_supports", "mosaic_supports", "float_supports"]
+           "vector_supports", "mosaic_gemm_supports", "float_supports"]
