@@ -17,20 +17,29 @@ a lowering runs it on one split (``served``).
   at run time) the call runs ``xla_ragged_dot`` instead (``lax.cond``), so it is right for
   every split, and fast where routing is balanced. A static bound is not known in general
   (``jat.ragged_dot`` takes no capacity), so the bound is checked on the device.
+* ``ragged_mosaic_gemm_<config>`` (Hopper GPUs, ragged m, bf16/f16; one per
+  ``mosaic_grouped.GROUPED_CONFIGS``): our Mosaic GPU grouped GEMM
+  (``kernels/gpu/mosaic_grouped.py``), the groups' FLOPs only, every split in-kernel; a
+  problem its key admits but the kernel cannot serve as stored (an m that is not a
+  multiple of 8, say: the key holds bucketed sizes) runs ``xla_ragged_dot`` instead.
 
     >>> cset = ragged_candidate_set(device)
-    >>> cset.names()
+    >>> cset.names()          # a CPU device; a Hopper GPU adds the ragged_mosaic_gemm_* ones
     ('xla_ragged_dot', 'ragged_masked_dense', 'ragged_padded_dense_x2')
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
 from jax import lax
 
 from jax_autotune.key import MatmulKey
+from jax_autotune.kernels.gpu import mosaic_grouped
+from jax_autotune.kernels.groups import group_bounds
+from jax_autotune.kernels.gpu.mosaic_gemm import shared_memory_bytes
 from jax_autotune.kernels.xla import lax_precision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.candidates import Candidate, CandidateSet, CandidateSetBuilder
@@ -76,16 +85,9 @@ def _each_split(one):
     return fn
 
 
-def _bounds(group_sizes, rows: int):
-    """(starts, ends) of the groups over ``rows`` rows, clipped to them, as lax counts them."""
-    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), rows)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    return starts, ends
-
-
 def _row_groups(group_sizes, rows: int):
     """Per row: its group and its position in it; a row in no group gets group ``groups``."""
-    starts, ends = _bounds(group_sizes, rows)
+    starts, ends = group_bounds(group_sizes, rows)
     row = jnp.arange(rows, dtype=jnp.int32)
     group = jnp.sum(row[:, None] >= ends[None, :], axis=1).astype(jnp.int32)
     position = row - starts[jnp.minimum(group, group_sizes.shape[0] - 1)]
@@ -123,7 +125,7 @@ def _gathered(x, axis: int, starts, ends, cap: int):
 
 
 def _padded_path(lhs, rhs, group_sizes, problem: MatmulProblem, cap: int):
-    starts, ends = _bounds(group_sizes, problem.ragged_rows)
+    starts, ends = group_bounds(group_sizes, problem.ragged_rows)
     options = _dot_options(problem)
     if problem.ragged == "m":
         x = _gathered(lhs, 0, starts, ends, cap)  # (g, cap, k)
@@ -163,6 +165,37 @@ def _supports_padded(device: DeviceInfo, key: MatmulKey) -> bool:
     return key.groups >= 2 and -(-CAPACITY_FACTOR * rows // key.groups) < rows
 
 
+def mosaic_one(config):
+    """``one`` of a split for ``mosaic_grouped_gemm`` with ``config`` (fitted to the dtypes),
+    ``xla_ragged_one`` where the problem as stored is not served."""
+    def one(lhs, rhs, group_sizes, problem: MatmulProblem):
+        fitted = mosaic_grouped.fitted(config, problem.lhs_dtype, problem.out_dtype)
+        if fitted is None or not mosaic_grouped.supports_grouped(
+                problem.m, problem.n, problem.k, problem.groups, problem.lhs_dtype,
+                transpose_rhs=problem.transpose_b, out_dtype=problem.out_dtype, config=fitted):
+            return xla_ragged_one(lhs, rhs, group_sizes, problem)
+        return mosaic_grouped.mosaic_grouped_gemm(lhs, rhs, group_sizes, config=fitted,
+                                                  transpose_rhs=problem.transpose_b, out_dtype=problem.out_dtype)
+    return one
+
+
+def _supports_mosaic(config):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        cc = device.compute_capability
+        if not (device.platform == "gpu" and cc is not None and cc >= (9, 0) and mosaic_grouped.AVAILABLE
+                and key.ragged == "m" and key.rhs_dtype == key.lhs_dtype
+                # the key's sizes are bucketed; its strides say whether the stored rows are 32-byte aligned
+                and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) >= 32):
+            return False
+        fitted = mosaic_grouped.fitted(config, key.lhs_dtype, key.out_dtype)
+        return (fitted is not None
+                and shared_memory_bytes(fitted, key.lhs_dtype, key.out_dtype) <= device.shared_memory_limit
+                and bool(mosaic_grouped.supports_grouped(key.m, key.n, key.k, key.groups, key.lhs_dtype,
+                                                         transpose_rhs=key.rhs_layout.transposed,
+                                                         out_dtype=key.out_dtype, config=fitted)))
+    return supports
+
+
 XLA_RAGGED_DOT = Candidate(XLA_RAGGED_NAME, _each_split(xla_ragged_one), params={"family": "xla_ragged"})
 MASKED_DENSE = Candidate("ragged_masked_dense", _each_split(masked_one),
                          params={"family": "masked_dense", "max_groups": MASKED_MAX_GROUPS},
@@ -170,6 +203,11 @@ MASKED_DENSE = Candidate("ragged_masked_dense", _each_split(masked_one),
 PADDED_DENSE = Candidate(f"ragged_padded_dense_x{CAPACITY_FACTOR}", _each_split(padded_one),
                          params={"family": "padded_dense", "capacity_factor": CAPACITY_FACTOR,
                                  "align": CAPACITY_ALIGN}, supports=_supports_padded)
+MOSAIC_GROUPED = tuple(
+    Candidate(f"ragged_mosaic_gemm_{config.name}", _each_split(mosaic_one(config)),
+              params={"family": "ragged_mosaic_gemm", **dataclasses.asdict(config)},
+              supports=_supports_mosaic(config))
+    for config in mosaic_grouped.GROUPED_CONFIGS)
 
 
 def served(candidate: Candidate, problem: MatmulProblem):
@@ -183,14 +221,17 @@ def served(candidate: Candidate, problem: MatmulProblem):
 
 
 def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
-    """XLA's ragged_dot (candidate 0) and the dense formulations, one group, one round."""
+    """XLA's ragged_dot (candidate 0), the dense formulations and, on a GPU, the Mosaic
+    grouped GEMMs: one group, so all are timed in one round (a candidate the key's device
+    does not support is demoted by the planner)."""
     builder = CandidateSetBuilder(device.platform, device.device_kind)
     builder.add(XLA_RAGGED_DOT)
     dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
-    for candidate in (MASKED_DENSE, PADDED_DENSE):
+    kernels = (MASKED_DENSE, PADDED_DENSE) + (MOSAIC_GROUPED if device.platform == "gpu" else ())
+    for candidate in kernels:
         builder.add(candidate, dense, lambda key: 1)
     return builder.build()
 
 
-__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "ragged_candidate_set", "served",
+__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "ragged_candidate_set", "served",
            "ragged_dimension_numbers", "xla_ragged_one", "capacity"]
