@@ -17,6 +17,7 @@ from jax_autotune.kernels.gpu.triton import GemmConfig, gemm
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.device import device_info
+from jax_autotune.tuning.lowering_warnings import quiet
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +60,8 @@ def test_cublaslt_epilogues_compute_what_the_program_does(roles, fn, activation,
     inputs = operands(problem, seed=len(roles))
     candidate = gpu_candidate_set(device_info(jax.devices("gpu")[0])).by_name("cublaslt_epilogue_algo0")
     assert candidate.runs(device_info(jax.devices("gpu")[0]), problem.key())
-    got = jax.jit(candidate.bound(problem))(*inputs)
+    with quiet():
+        got = jax.jit(candidate.bound(problem))(*inputs)
     assert rel_error(got, plain(problem, inputs)) < (2e-2 if dtype == "bfloat16" else 1e-5)
 
 
@@ -80,7 +82,8 @@ def test_the_triton_gemm_applies_an_elementwise_epilogue_on_the_device(dtype):
     epilogue = _captured(lambda y, b, g: jax.nn.silu(y + b) * g, dtype, "row", "full")
     problem = MatmulProblem(2, 257, 130, 96, dtype, dtype, dtype, False, True, "HIGHEST", epilogue)
     inputs = operands(problem, seed=5)
-    got = jax.jit(lambda *xs: gemm(xs[0], xs[1], problem, GemmConfig(64, 64, 32), *xs[2:]))(*inputs)
+    with quiet():
+        got = jax.jit(lambda *xs: gemm(xs[0], xs[1], problem, GemmConfig(64, 64, 32), *xs[2:]))(*inputs)
     assert got.dtype == jnp.dtype(problem.result_dtype)
     assert rel_error(got, plain(problem, inputs)) < (2e-2 if dtype == "bfloat16" else 1e-5)
 
