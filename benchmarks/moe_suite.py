@@ -141,12 +141,20 @@ def timed_us(fns, args) -> tuple[str, list[float]]:
     return "wall", [statistics.median(s) for s in samples]
 
 
+def decision_summary(decision) -> dict:
+    """A grouped key's winner and each candidate's outcome, score (s) and error."""
+    return {"key": decision.key.canonical(), "winner": decision.winner,
+            "results": [{"name": r.name, "outcome": r.outcome, "score": r.score, "error": r.error[:200]}
+                        for r in decision.results]}
+
+
 def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     import jax_autotune as jat
+    from jax_autotune.tuning.tuner import record_decisions
 
     rows = []
     for mode in modes:
@@ -161,8 +169,10 @@ def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
                    "m": case.m, "k": case.k, "n": case.n, "dtype": dtype}
             try:
                 started = time.perf_counter()
-                tuned_out = jax.block_until_ready(tuned_fn(x, w, extra, sizes))
+                with record_decisions() as asked:
+                    tuned_out = jax.block_until_ready(tuned_fn(x, w, extra, sizes))
                 row["tuned_first_call_s"] = round(time.perf_counter() - started, 2)
+                row["decisions"] = [decision_summary(d) for d in asked if d.key.groups]
                 row["tuned_max_rel_error"] = max_rel_error(tuned_out, xla_fn(x, w, extra, sizes))
                 row["timer"], (xla_us, tuned_us, dense_us) = timed_us(
                     [xla_fn, tuned_fn, dense_fn], [(x, w, extra, sizes)] * 2 + [(x, w[:1], dense_extra, sizes)])

@@ -13,6 +13,7 @@ import jax_autotune as jat
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.timing import DeviceTimer, compile_candidate, random_operands
 from jax_autotune.tuners import tuner_for
+from jax_autotune.tuning.lowering_warnings import quiet
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(7)
@@ -94,7 +95,8 @@ def test_priming_autotunes_a_misaligned_keys_xla_candidates_once_and_tuning_reus
     for name in ("xla_dot", "padded_xla_dot_a64_barrier_rows"):
         assert decision.result(name).outcome == "ok", decision.result(name)
     lhs, rhs = random_operands(problem, tuner._jax_device(), seed=3)
-    out = jax.jit(tuner.candidate(decision.winner).bound(problem))(lhs, rhs)
+    with quiet():
+        out = jax.jit(tuner.candidate(decision.winner).bound(problem))(lhs, rhs)
     want = np.matmul(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
     assert rel_error(out, want) < 2e-2
 
@@ -121,18 +123,20 @@ def test_tuning_and_running_with_triton_candidates_shows_no_triton_deprecation(f
     where one wins); JAX's deprecation of that backend is ours to keep from the user."""
     import warnings
 
+    from jax_autotune import config
     from jax_autotune.kernels.gpu import triton_backend
     if not triton_backend.SHIPPED:
         pytest.skip(triton_backend.WHY_NOT)
-    a = jnp.asarray(RNG.standard_normal((4095, 4095)), jnp.bfloat16)
-    b = jnp.asarray(RNG.standard_normal((4095, 4095)), jnp.bfloat16)
+    config.update("budget_seconds", 300.0)  # other tests share the device: no round cut short
+    a = jnp.asarray(RNG.standard_normal((1000, 1000)), jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((1000, 1000)), jnp.bfloat16)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = jax.jit(jat.matmul)(a, b)
-        decision = tuner_for("gpu").select(jat.MatmulProblem(1, 4095, 4095, 4095, "bfloat16", "bfloat16",
+        decision = tuner_for("gpu").select(jat.MatmulProblem(1, 1000, 1000, 1000, "bfloat16", "bfloat16",
                                                                "bfloat16"))
     timed = [r for r in decision.results if r.name.startswith("triton_") and r.outcome == "ok"]
-    assert timed, [(r.name, r.outcome) for r in decision.results]
+    assert timed, [(r.name, r.outcome, r.error) for r in decision.results]
     assert not [str(w.message) for w in seen if str(w.message).startswith(triton_backend.DEPRECATION)]
     want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     assert rel_error(out, want) < 2e-2
