@@ -143,7 +143,8 @@ def timed_us(fns, args) -> tuple[str, list[float]]:
 
 def decision_summary(decision) -> dict:
     """A grouped key's winner and each candidate's outcome, score (s) and error."""
-    return {"key": decision.key.canonical(), "winner": decision.winner,
+    return {"key": decision.key.canonical(), "winner": decision.winner, "source": decision.source,
+            "reason": (decision.reason or "")[:400],
             "results": [{"name": r.name, "outcome": r.outcome, "score": r.score, "error": r.error[:200]}
                         for r in decision.results]}
 
