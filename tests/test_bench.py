@@ -300,3 +300,29 @@ def test_past_the_budget_even_the_quick_candidates_are_skipped():
     b.run_round(BASE, [fake_candidate("library", quick_compile=True)])
     assert b.results["xla_dot"].outcome == "ok"
     assert b.results["library"].outcome == "skipped"
+
+
+def test_probes_that_fail_beside_the_reference_are_measured_again_alone():
+    """A CUPTI count disturbed by another thread's kernels fails the probes run beside the
+    reference; the key is not lost for it: the peaks are measured again."""
+    import concurrent.futures
+    import types
+
+    from jax_autotune.tuning.bench import _peaks
+    from jax_autotune.tuning.roofline import Peaks
+
+    failed = concurrent.futures.Future()
+    failed.set_exception(RuntimeError("The number of kernel launches is not divisible by the number of iterations"))
+    calls = []
+    peaks = Peaks(1e15, 4e12, 5e-6)
+    setup = types.SimpleNamespace(probes=types.SimpleNamespace(peaks_for=lambda p: calls.append(p) or peaks))
+    problem = MatmulProblem(1, 64, 64, 64, "float32", "float32", "float32")
+    assert _peaks(failed, setup, problem) is peaks and calls == [problem]
+    done = concurrent.futures.Future()
+    done.set_result(peaks)
+    assert _peaks(done, setup, problem) is peaks and len(calls) == 1  # not measured twice
+
+    def broken(p):
+        raise RuntimeError("still disturbed")
+    with pytest.raises(RuntimeError, match="still disturbed"):  # the tuner falls back to XLA's dot
+        _peaks(failed, types.SimpleNamespace(probes=types.SimpleNamespace(peaks_for=broken)), problem)

@@ -113,7 +113,11 @@ def test_only_modules_with_an_xla_dot_count_as_running_kernels_while_compiling()
     nested = jax.jit(lambda a, b: jax.lax.cond(a[0, 0, 0] > 0, lambda: xla_dot(a, b, PROBLEM),
                                                lambda: jnp.zeros(PROBLEM.out_shape, PROBLEM.out_dtype))
                      ).lower(lhs, rhs)  # the dot inside a branch's region
+    ragged = jax.jit(jax.lax.ragged_dot).lower(jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32))
     assert runs_kernels_while_compiling(dot) and runs_kernels_while_compiling(nested)
+    # XLA rewrites a ragged_dot into dots its GEMM autotuner runs: a CUPTI timing beside
+    # that compile would count the autotuner's kernels
+    assert runs_kernels_while_compiling(ragged)
     assert not runs_kernels_while_compiling(scale)
 
 

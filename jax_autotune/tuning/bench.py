@@ -401,7 +401,7 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
         with phases("reference"):
             ref = _reference(problem, inputs, setup)
         with phases("probes"):  # the wait for them, when they ran beside the reference
-            peaks = peaks_future.result() if peaks_future else setup.probes.peaks_for(problem)
+            peaks = _peaks(peaks_future, setup, problem)
         bounds = roofline_bounds(problem, peaks, setup.level, setup.rules)
         bench = KeyBenchmark(problem, inputs, ref, setup.timer, limit=bounds.limit, rules=setup.rules,
                              clock=setup.clock, budget_seconds=budget_seconds,
@@ -419,6 +419,17 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
         bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
     return Outcome(bench.results, bench.winner(baseline=plan.baseline.name), bench.finish_reason,
                    {**bounds.to_json(), "phase_seconds": phases.seconds}, bounds.limit)
+
+
+def _peaks(future, setup: Setup, problem: MatmulProblem):
+    """The probes' peaks: those measured beside the reference, or, where that failed (a
+    CUPTI count disturbed by kernels of another thread), measured again now."""
+    if future is not None:
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - measured again below; a second failure is raised
+            pass
+    return setup.probes.peaks_for(problem)
 
 
 def _reference(problem: MatmulProblem, inputs: tuple, setup: Setup):

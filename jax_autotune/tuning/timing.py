@@ -58,12 +58,13 @@ class Timer(Protocol):
         """A key's measurements are done: let go of what timing holds on the device."""
 
 
-_XLA_DOTS = frozenset({"stablehlo.dot_general", "stablehlo.dot"})
+# XLA's ragged_dot (chlo) is rewritten into dots that its GEMM autotuner tunes too
+_XLA_DOTS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "chlo.ragged_dot", "stablehlo.ragged_dot"})
 
 
 def runs_kernels_while_compiling(lowered) -> bool:
     """True when compiling ``lowered`` on a GPU runs XLA's GEMM autotuner on the device:
-    the module holds an XLA dot op. Pallas kernels are custom calls and hold none (their
+    the module holds an XLA dot op (or a ragged_dot, which XLA rewrites into dots). Pallas kernels are custom calls and hold none (their
     serialized IR names ``dot_general`` in its locations, so the module's text would)."""
     return any(op.name in _XLA_DOTS for op in ops(lowered.compiler_ir("stablehlo")))
 
