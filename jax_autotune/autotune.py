@@ -10,7 +10,8 @@
 ``Dense``/``DenseGeneral``/``Einsum``/``nnx.Linear`` all trace to ``dot_general`` equations;
 ``lax.ragged_dot`` (mixture-of-experts layers) and the ``ragged_dot_general`` equations of
 its gradients (ragged contracting dims included) are bound through
-``jat.ragged_dot_general`` (float operands of one dtype; bare: no epilogue context yet).
+``jat.ragged_dot_general`` (float operands of one dtype), a ragged m with the elementwise
+ops after it (a SwiGLU's ``silu(gate) * up``, a bias, a convert) as one op whose key holds them.
 ``fn`` is traced to a jaxpr once per abstract signature, and that jaxpr is traced again
 through a small interpreter that binds every equation as JAX would, except that each
 ``dot_general`` the tuner serves (see ``_tuner_serves``) goes through ``jat.dot_general``,
@@ -74,7 +75,7 @@ from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
-from jax_autotune.ragged import ragged_dot_general
+from jax_autotune.ragged import ragged_dot_general, ragged_dot_in_context
 from jax_autotune.registry import tuner_for
 from jax_autotune.tuning import programs
 
@@ -298,8 +299,7 @@ def _eval(closed, *args):
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
 
     found = {} if config.get("context") == "off" else regions(
-        closed.jaxpr, {i: dot_labels(e.params["dimension_numbers"], *(v.aval.ndim for v in e.invars))
-                       for i, e in enumerate(eqns) if _has_context(e)}, keeps_values=taken_by_value)
+        closed.jaxpr, {i: _labels(e) for i, e in enumerate(eqns) if _has_context(e)}, keeps_values=taken_by_value)
     deferred = {i for r in found.values() for i in (r.head, *r.members[:-1])}
     at_last = {r.last: r for r in found.values()}
     for index, eqn in enumerate(eqns):
@@ -317,15 +317,29 @@ def _eval(closed, *args):
 
 
 def _has_context(eqn) -> bool:
-    """A dot the tuner serves, whose result may be bound with the ops after it."""
+    """A dot the tuner serves, or a grouped matmul's ragged m (``lax.ragged_dot``'s form),
+    whose result may be bound with the ops after it."""
+    if eqn.primitive.name == "ragged_dot_general":
+        dims = eqn.params["ragged_dot_dimension_numbers"]
+        return (_ragged_served(eqn) and tuple(dims.lhs_ragged_dimensions) == (0,)
+                and dims.dot_dimension_numbers[0][0] == (1,) and eqn.outvars[0].aval.ndim == 2)
     return (eqn.primitive.name == "dot_general" and _tuner_serves(eqn)
             and eqn.params.get("out_sharding") is None)
+
+
+def _labels(eqn) -> str:
+    """The labels of a context head's result dims (a ragged m's (m, n) result: "mn")."""
+    if eqn.primitive.name == "ragged_dot_general":
+        return "mn"
+    return dot_labels(eqn.params["dimension_numbers"], *(v.aval.ndim for v in eqn.invars))
 
 
 def _in_context(region: Region, eqns, read):
     """The region's output: its dot and epilogue as one tuned op; None where the tuned
     matmul cannot serve it (it then runs as JAX traced it)."""
     head = eqns[region.head]
+    if head.primitive.name == "ragged_dot_general":
+        return _ragged_in_context(region, head, read)
     lhs, rhs = (read(v) for v in head.invars)
     (lc, rc), (lb, rb) = head.params["dimension_numbers"]
     dims = ((lc, rc), (lb, rb))
@@ -344,6 +358,24 @@ def _in_context(region: Region, eqns, read):
         return out
     want = region.output.aval
     return jnp.reshape(out, want.shape) if out.dtype == want.dtype else None
+
+
+def _ragged_in_context(region: Region, head, read):
+    """A grouped matmul's region: its ragged m and epilogue as one tuned op, or None."""
+    if region.swap or region.epilogue.is_bare:
+        return None
+    params = head.params
+    try:
+        out = ragged_dot_in_context(*(read(v) for v in head.invars), params["ragged_dot_dimension_numbers"],
+                                    params["precision"], params["preferred_element_type"], region.epilogue,
+                                    lambda m, n: operand_values(region, read, 1, m, n))
+    except Exception as err:  # noqa: BLE001 - never the user's program: as traced
+        warnings.warn(f"jax_autotune: the grouped matmul's context {region.epilogue.describe()!r} could "
+                      f"not be bound ({type(err).__name__}: {err}); it runs untuned",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    want = region.output.aval
+    return out if out is not None and out.shape == want.shape and out.dtype == want.dtype else None
 
 
 def _bind_as_traced(eqn, invals):

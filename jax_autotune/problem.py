@@ -42,10 +42,13 @@ class MatmulProblem:
     hashable, so the matmul primitives carry it as a parameter.
 
     A grouped matmul (``lax.ragged_dot``) has ``groups`` > 0 and a ``ragged`` dim
-    (``key.RAGGED_MODES``), batch 1 and no epilogue; its operands are lax's own shapes:
+    (``key.RAGGED_MODES``) and batch 1; its operands are lax's own shapes:
     ``"m"``: lhs (m, k), rhs (groups, k, n) or, ``transpose_b``, (groups, n, k), out (m, n);
     ``"k"``: lhs (m, k) or (k, m), rhs (k, n) or (n, k), out (groups, m, n), the k rows
-    split into groups. Its group sizes are a third input (``input_specs``).
+    split into groups. Its group sizes are a third input (``input_specs``). A ragged m may
+    have an elementwise epilogue (a SwiGLU's ``silu(gate) * up``, a bias, a convert) over
+    its (m, n) product; its operands, after the group sizes, have their role shapes without
+    the batch: row (n,), col (m,), full (m, n).
     """
 
     batch: int
@@ -77,10 +80,10 @@ class MatmulProblem:
         if self.ragged not in RAGGED_MODES or (self.groups > 0) != bool(self.ragged) or self.groups < 0:
             raise ValueError(f"MatmulProblem: a grouped matmul needs groups > 0 and ragged 'm' or 'k', "
                              f"a dense one neither; got groups={self.groups!r}, ragged={self.ragged!r}")
-        if self.ragged and (self.batch != 1 or not self.epilogue.is_bare
-                            or (self.ragged == "m" and self.transpose_a)):
-            raise ValueError("MatmulProblem: a grouped matmul has batch 1, no epilogue and, ragged "
-                             "'m', its lhs stored (m, k)")
+        if self.ragged and (self.batch != 1 or (self.ragged == "m" and self.transpose_a)
+                            or not (self.epilogue.is_bare or (self.ragged == "m" and self.epilogue.elementwise))):
+            raise ValueError("MatmulProblem: a grouped matmul has batch 1, an epilogue only when elementwise "
+                             "and its ragged dim m, and, ragged 'm', its lhs stored (m, k)")
 
     @property
     def lhs_shape(self) -> tuple[int, ...]:
@@ -121,12 +124,18 @@ class MatmulProblem:
         """(shape, dtype) of every input: lhs, rhs, then the epilogue's operands; for a
         grouped matmul lhs, rhs and the group sizes of the tuning splits, (``splits.SPLITS``,
         groups) int32 (its kernels take (splits, groups) and give one result per split)."""
+        operands = tuple(zip(self.epilogue_operand_shapes(), (o.dtype for o in self.epilogue.operands)))
         if self.groups:
             return ((self.lhs_shape, self.lhs_dtype), (self.rhs_shape, self.rhs_dtype),
-                    ((SPLITS, self.groups), "int32"))
-        operands = tuple(zip(self.epilogue.operand_shapes(self.batch, self.m, self.n),
-                             (o.dtype for o in self.epilogue.operands)))
+                    ((SPLITS, self.groups), "int32"), *operands)
         return ((self.lhs_shape, self.lhs_dtype), (self.rhs_shape, self.rhs_dtype), *operands)
+
+    def epilogue_operand_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The epilogue operands' shapes: their roles' on (batch, m, n), or, grouped, on (m, n)."""
+        shapes = self.epilogue.operand_shapes(self.batch, self.m, self.n)
+        if self.groups:  # no batch dim: col (m,), full (m, n)
+            return tuple(s[1:] if o.role in ("col", "full") else s for s, o in zip(shapes, self.epilogue.operands))
+        return shapes
 
     def bare(self) -> "MatmulProblem":
         """The product alone, without the epilogue."""

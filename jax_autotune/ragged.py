@@ -19,8 +19,9 @@ operands of different dtypes, an algorithm preset, empty or symbolic sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -28,8 +29,9 @@ from jax import lax
 
 from jax_autotune.api import _explicitly_sharded, _tuned
 from jax_autotune.dtypes import is_floating, is_integer
+from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.ragged_primitive import bind_ragged
+from jax_autotune.ragged_primitive import bind_ragged, bind_ragged_fused
 
 # lax.ragged_dot's dims: lhs (m, k) ragged in m, rhs (groups, k, n)
 RAGGED_DOT_DIMENSION_NUMBERS = lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), [0], [0])
@@ -84,6 +86,31 @@ def _ragged_dot_general(name, lhs, rhs, group_sizes, dims, precision, preferred_
     if problem is None:
         return plain()
     return bind_ragged(jax.numpy.asarray(lhs), jax.numpy.asarray(rhs), jax.numpy.asarray(group_sizes), problem)
+
+
+def ragged_dot_in_context(lhs, rhs, group_sizes, dims, precision, preferred_element_type,
+                          epilogue: Epilogue, operands: Callable[[int, int], list]):
+    """``epilogue`` applied to the (m, n) result of ``lax.ragged_dot_general(lhs, rhs,
+    group_sizes, dims, ...)``, bound as one tuned op; None where the grouped tuner does not
+    serve the call as a ragged m (lax's own op must run it). ``operands(m, n)`` gives the
+    epilogue's operands in their role shapes on a batch of 1 (col (1, m), full (1, m, n)).
+
+        >>> up = ragged_dot_in_context(x, w_up, sizes, RAGGED_DOT_DIMENSION_NUMBERS, None, None,
+        ...                            Epilogue.parse("full:bfloat16|logistic(y);mul(y,%0);mul(%1,$0)"),
+        ...                            lambda m, n: [gate])
+    """
+    if _explicitly_sharded(lhs, rhs, group_sizes):
+        return None
+    out = _lax_result(*(_spec(x) for x in (lhs, rhs, group_sizes)), dims, _hashable(precision),
+                      preferred_element_type)
+    problem = _grouped_problem(lhs, rhs, group_sizes, dims, precision, preferred_element_type, out)
+    if problem is None or problem.ragged != "m" or not epilogue.elementwise:
+        return None
+    problem = dataclasses.replace(problem, epilogue=epilogue)
+    values = [jax.numpy.reshape(x, shape) for x, shape in zip(operands(problem.m, problem.n),
+                                                                problem.epilogue_operand_shapes())]
+    return bind_ragged_fused(jax.numpy.asarray(lhs), jax.numpy.asarray(rhs), jax.numpy.asarray(group_sizes),
+                             values, problem)
 
 
 def _check_array(name: str, argument: str, x) -> None:

@@ -12,6 +12,14 @@ backward is tuned too; like lax, a ragged k has no transpose. vmap runs lax's ow
 ``ragged_dot_general`` under its batching rule (XLA's, untuned).
 
     >>> out = bind_ragged(lhs, rhs, group_sizes, problem)   # problem.groups > 0
+
+``ragged_fused_p`` is a ragged m in its context: the grouped product and
+``problem.epilogue`` after it (a SwiGLU's ``silu(gate) * up``, a bias, a convert), one op
+whose key holds the epilogue (``bind_ragged_fused``); its candidates are timed with the
+epilogue after them. Under jvp and vmap it is the product (``ragged_p``) with the epilogue
+as XLA ops.
+
+    >>> out = bind_ragged_fused(x, w_gate, group_sizes, (up,), problem)   # mul(logistic..)
 """
 
 from __future__ import annotations
@@ -34,49 +42,69 @@ from jax_autotune.registry import has_devices, ragged_tuner_for
 from jax_autotune.sharding import lowering_targets_many_devices
 
 ragged_p = Primitive("autotuned_ragged_dot")
+ragged_fused_p = Primitive("autotuned_ragged_dot_epilogue")
 if dispatch is not None:  # the device assignment in the lowering context (many devices: XLA's)
-    dispatch.prim_requires_devices_during_lowering.add(ragged_p)
+    dispatch.prim_requires_devices_during_lowering.update((ragged_p, ragged_fused_p))
 
 
-def bind_ragged(lhs, rhs, group_sizes, problem: MatmulProblem):
-    """Bind the primitive; the key is computed here, at trace time, at the configured level."""
+def _operands(lhs, rhs, group_sizes, problem: MatmulProblem):
     if tuple(lhs.shape) != problem.lhs_shape or tuple(rhs.shape) != problem.rhs_shape:
         raise ValueError(f"operands {tuple(lhs.shape)} and {tuple(rhs.shape)} do not match the "
                          f"grouped problem's shapes {problem.lhs_shape} and {problem.rhs_shape}")
     lhs = lhs if lhs.dtype == problem.lhs_dtype else lax.convert_element_type(lhs, problem.lhs_dtype)
     rhs = rhs if rhs.dtype == problem.rhs_dtype else lax.convert_element_type(rhs, problem.rhs_dtype)
     group_sizes = group_sizes if group_sizes.dtype == jnp.int32 else group_sizes.astype(jnp.int32)
-    return ragged_p.bind(lhs, rhs, group_sizes, problem=problem, key=problem.key(config.get("level")))
+    return lhs, rhs, group_sizes
 
 
-def _abstract_eval(lhs, rhs, group_sizes, *, problem, key):
-    return jax.core.ShapedArray(problem.out_shape, jnp.dtype(problem.out_dtype))
+def bind_ragged(lhs, rhs, group_sizes, problem: MatmulProblem):
+    """Bind the primitive; the key is computed here, at trace time, at the configured level."""
+    return ragged_p.bind(*_operands(lhs, rhs, group_sizes, problem), problem=problem,
+                         key=problem.key(config.get("level")))
 
 
-def _xla(lhs, rhs, group_sizes, problem):
-    return xla_ragged_one(lhs, rhs, group_sizes, problem)
+def bind_ragged_fused(lhs, rhs, group_sizes, operands, problem: MatmulProblem):
+    """Bind the grouped product with ``problem.epilogue`` after it; ``operands`` have the
+    shapes ``problem.epilogue_operand_shapes()``. The key, with the epilogue, is computed here."""
+    expected = problem.epilogue_operand_shapes()
+    if [tuple(x.shape) for x in operands] != list(expected):
+        raise ValueError(f"epilogue operands {[tuple(x.shape) for x in operands]} do not match "
+                         f"the shapes {list(expected)} of {problem.epilogue}")
+    operands = [x if x.dtype == o.dtype else lax.convert_element_type(x, o.dtype)
+                for x, o in zip(operands, problem.epilogue.operands)]
+    return ragged_fused_p.bind(*_operands(lhs, rhs, group_sizes, problem), *operands, problem=problem,
+                               key=problem.key(config.get("level")))
 
 
-def _xla_lowering(ctx, lhs, rhs, group_sizes, *, problem, key):
-    return _emit(ctx, (lhs, rhs, group_sizes), functools.partial(_xla, problem=problem))
+def _abstract_eval(lhs, rhs, group_sizes, *operands, problem, key):
+    return jax.core.ShapedArray(problem.result_shape, jnp.dtype(problem.result_dtype))
+
+
+def _xla(lhs, rhs, group_sizes, *operands, problem):
+    """XLA's ragged_dot, and the epilogue after it."""
+    return problem.epilogue.apply(xla_ragged_one(lhs, rhs, group_sizes, problem.bare()), operands)
+
+
+def _xla_lowering(ctx, *inputs, problem, key):
+    return _emit(ctx, inputs, functools.partial(_xla, problem=problem))
 
 
 def _lowering(platform: str):
-    def rule(ctx, lhs, rhs, group_sizes, *, problem, key):
+    def rule(ctx, *inputs, problem, key):
         target = (ctx.platforms or ctx.module_context.platforms)[0]
         if not has_devices(target) or _for_export(ctx) or lowering_targets_many_devices(ctx):
-            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key)
         tuner = ragged_tuner_for(platform)
         candidate = tuner.candidate(tuner.select(problem, key).winner)
         if candidate is XLA_RAGGED_DOT:
-            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key)
         try:
-            return _emit(ctx, (lhs, rhs, group_sizes), served(candidate, problem))
+            return _emit(ctx, inputs, served(candidate, problem))
         except Exception as err:  # noqa: BLE001 - a kernel that cannot take this problem: XLA's
             warnings.warn(f"jax_autotune: kernel {candidate.name} failed to lower {problem.describe()} "
                           f"({type(err).__name__}: {err}); using XLA's ragged_dot.",
                           RuntimeWarning, stacklevel=2)
-            return _xla_lowering(ctx, lhs, rhs, group_sizes, problem=problem, key=key)
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key)
     return rule
 
 
@@ -121,14 +149,38 @@ def _batching_rule(args, dims, *, problem, key):
     return out, 0
 
 
-ragged_p.def_abstract_eval(_abstract_eval)
-ragged_p.def_impl(_impl(ragged_p))
+# ---------------------------------------------------------------- the fused op's rules
+
+def _decomposed(lhs, rhs, group_sizes, *operands, problem):
+    """The tuned product (``ragged_p``) and the epilogue as XLA ops."""
+    return problem.epilogue.apply(bind_ragged(lhs, rhs, group_sizes, problem.bare()), operands)
+
+
+def _fused_jvp(primals, tangents, *, problem, key):
+    """jvp of the product and the epilogue taken apart (no tangent of the group sizes)."""
+    lhs, rhs, group_sizes, *operands = primals
+    d_lhs, d_rhs, _, *d_operands = (ad.instantiate_zeros(t) for t in tangents)
+
+    def differentiable(lhs, rhs, *operands):
+        return _decomposed(lhs, rhs, group_sizes, *operands, problem=problem)
+    return jax.jvp(differentiable, (lhs, rhs, *operands), (d_lhs, d_rhs, *d_operands))
+
+
+def _fused_batching_rule(args, dims, *, problem, key):
+    return jax.vmap(functools.partial(_xla, problem=problem), in_axes=tuple(dims))(*args), 0
+
+
+for _p in (ragged_p, ragged_fused_p):
+    _p.def_abstract_eval(_abstract_eval)
+    _p.def_impl(_impl(_p))
+    mlir.register_lowering(_p, _xla_lowering)  # any other platform: XLA's ragged_dot
+    mlir.register_lowering(_p, _lowering("cpu"), platform="cpu")
+    for _gpu in ("cuda", "rocm"):
+        mlir.register_lowering(_p, _lowering("gpu"), platform=_gpu)
 ad.primitive_jvps[ragged_p] = _jvp
 ad.primitive_transposes[ragged_p] = _transpose
 batching.primitive_batchers[ragged_p] = _batching_rule
-mlir.register_lowering(ragged_p, _xla_lowering)  # any other platform: XLA's ragged_dot
-mlir.register_lowering(ragged_p, _lowering("cpu"), platform="cpu")
-for _gpu in ("cuda", "rocm"):
-    mlir.register_lowering(ragged_p, _lowering("gpu"), platform=_gpu)
+ad.primitive_jvps[ragged_fused_p] = _fused_jvp
+batching.primitive_batchers[ragged_fused_p] = _fused_batching_rule
 
-__all__ = ["ragged_p", "bind_ragged"]
+__all__ = ["ragged_p", "ragged_fused_p", "bind_ragged", "bind_ragged_fused"]

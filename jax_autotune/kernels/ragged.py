@@ -211,12 +211,15 @@ MOSAIC_GROUPED = tuple(
 
 
 def served(candidate: Candidate, problem: MatmulProblem):
-    """``fn(lhs, rhs, group_sizes)`` of one call: ``candidate`` on its one split.
+    """``fn(lhs, rhs, group_sizes, *epilogue_operands)`` of one call: ``candidate`` on its
+    one split, in its context (the epilogue as XLA ops after the product).
 
         >>> jax.jit(served(XLA_RAGGED_DOT, problem))(lhs, rhs, group_sizes)
     """
-    def fn(lhs, rhs, group_sizes):
-        return candidate.fn(lhs, rhs, problem, group_sizes[None])[0]
+    kernel = candidate.bound(problem)
+
+    def fn(lhs, rhs, group_sizes, *operands):
+        return kernel(lhs, rhs, group_sizes[None], *operands)[0]
     return fn
 
 

@@ -101,7 +101,9 @@ def _run(fn: KernelFn, lhs, rhs, *operands, problem: MatmulProblem):
 
 
 def _in_context(fn: KernelFn, lhs, rhs, *operands, problem: MatmulProblem):
-    return problem.epilogue.apply(fn(lhs, rhs, problem.bare()), operands)
+    bare = problem.bare()
+    own = len(bare.input_specs()) - 2  # a grouped kernel's group sizes come before the epilogue's
+    return problem.epilogue.apply(fn(lhs, rhs, bare, *operands[:own]), operands[own:])
 
 
 @dataclasses.dataclass(frozen=True)

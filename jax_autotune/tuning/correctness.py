@@ -145,7 +145,7 @@ class GroupedReference:
     pieces: tuple[tuple[int, Any, np.ndarray, bool], ...]
 
 
-def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, host_max_macs: int,
+def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, *operands, host_max_macs: int,
                        seed: int) -> GroupedReference:
     a = as_numpy(lhs).astype(_wide(problem))
     b = as_numpy(rhs).astype(_wide(problem))
@@ -158,6 +158,15 @@ def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, host_max_macs: 
     sizes_per_split = np.asarray(as_numpy(splits), np.int64)
     rows = problem.ragged_rows
     every = lambda size: _sample(size, SAMPLE_SIZE, rng) if sample else np.arange(size)  # noqa: E731
+    host = [as_numpy(x) for x in operands]  # the epilogue's, in their role shapes over (m, n)
+
+    def in_context(exact, picked, cols):
+        """A ragged m's exact rows ``picked`` x ``cols`` through the epilogue (float64)."""
+        if problem.epilogue.is_bare:
+            return cast(exact)
+        sampled = [{"scalar": lambda x: x, "row": lambda x: x[cols], "col": lambda x: x[picked],
+                    "full": lambda x: x[picked][:, cols]}[o.role](x) for o, x in zip(problem.epilogue.operands, host)]
+        return problem.epilogue.reference(exact, sampled)
     for s, sizes in enumerate(sizes_per_split):
         ends = np.minimum(np.cumsum(sizes), rows)
         starts = np.concatenate([[0], ends[:-1]])
@@ -167,14 +176,16 @@ def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, host_max_macs: 
                 if end <= start:
                     continue  # an empty group has no rows to check
                 picked = start + every(end - start)
-                pieces.append((s, (picked[:, None], cols[None, :]), cast(a[picked] @ b[g][:, cols]), False))
+                pieces.append((s, (picked[:, None], cols[None, :]),
+                               in_context(a[picked] @ b[g][:, cols], picked, cols), False))
             else:
                 picked = every(problem.m)
                 exact = a[picked, start:end] @ b[start:end][:, cols]
                 pieces.append((s, (g, picked[:, None], cols[None, :]), cast(exact), end <= start))
-        if problem.ragged == "m" and ends[-1] < rows:  # rows in no group: zero
+        if problem.ragged == "m" and ends[-1] < rows:  # rows in no group: zero (then the epilogue)
             left = ends[-1] + every(rows - ends[-1])
-            pieces.append((s, (left[:, None], cols[None, :]), np.zeros((left.size, cols.size)), True))
+            pieces.append((s, (left[:, None], cols[None, :]),
+                           in_context(np.zeros((left.size, cols.size)), left, cols), problem.epilogue.is_bare))
     return GroupedReference((len(sizes_per_split), *problem.out_shape), tuple(pieces))
 
 
