@@ -1,8 +1,6 @@
 """Our Mosaic GPU GEMM (kernels/gpu/mosaic_gemm.py): what it serves, that it cross-lowers on
 CPU to a Mosaic GPU custom call, its configs; on a GPU, its numbers against float64."""
 
-import re
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +9,7 @@ import pytest
 
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.kernels.gpu import mosaic_gemm as mg
+from cross_lowering import cuda_text, custom_calls
 from numerics import rel_error
 
 needs_mosaic = pytest.mark.skipif(not mg.AVAILABLE, reason=f"Mosaic GPU unavailable: {mg.IMPORT_ERROR}")
@@ -52,14 +51,7 @@ def _lowered(m, n, k, dtype, transpose_lhs=False, transpose_rhs=False, *, config
     fn = jax.jit(lambda x, y, *ops: mg.mosaic_gemm(x, y, config=config or mg.MosaicGemmConfig(),
                                                    transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                                                    epilogue_operands=ops, num_sms=SMS, **kwargs))
-    avals = (jax.ShapeDtypeStruct(a, dtype), jax.ShapeDtypeStruct(b, dtype), *operands)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        return fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _custom_calls(text: str) -> list[str]:
-    return re.findall(r"custom_call @(\w+)", text)
+    return cuda_text(fn, jax.ShapeDtypeStruct(a, dtype), jax.ShapeDtypeStruct(b, dtype), *operands)
 
 
 # ---------------------------------------------------------------- CPU: what it serves
@@ -86,23 +78,23 @@ def test_supported_problems_cross_lower(m, n, k, dtype, tl, tr, out):
     config = SMALL if dtype == "float32" or out == "float32" else None
     if dtype == "float32":
         config = mg.MosaicGemmConfig(tile_k=32, stages=3)
-    assert _custom_calls(_lowered(m, n, k, dtype, tl, tr, config=config, out_dtype=out)) == ["mosaic_gpu_v2"]
+    assert custom_calls(_lowered(m, n, k, dtype, tl, tr, config=config, out_dtype=out)) == ["mosaic_gpu_v2"]
 
 
 @needs_mosaic
 def test_batch_split_k_and_epilogues_cross_lower():
-    assert _custom_calls(_lowered(1024, 1024, 512, "bfloat16", batch=3)) == ["mosaic_gpu_v2"]
+    assert custom_calls(_lowered(1024, 1024, 512, "bfloat16", batch=3)) == ["mosaic_gpu_v2"]
     split = _lowered(256, 256, 8192, "bfloat16", config=mg.MosaicGemmConfig(stages=3, split_k=4))
-    assert _custom_calls(split) == ["mosaic_gpu_v2"] and "reduce" in split  # XLA sums the partials
+    assert custom_calls(split) == ["mosaic_gpu_v2"] and "reduce" in split  # XLA sums the partials
     bias = jax.ShapeDtypeStruct((1024,), jnp.bfloat16)
-    assert _custom_calls(_lowered(1024, 1024, 512, "bfloat16", config=SMALL, epilogue=BIAS_TANH,
+    assert custom_calls(_lowered(1024, 1024, 512, "bfloat16", config=SMALL, epilogue=BIAS_TANH,
                                   operands=(bias,))) == ["mosaic_gpu_v2"]
     roles = ("row", "col", "full")
     operands = (jax.ShapeDtypeStruct((1032,), jnp.float32), jax.ShapeDtypeStruct((1000,), jnp.float32),
                 jax.ShapeDtypeStruct((1000, 1032), jnp.bfloat16))
     text = _lowered(1000, 1032, 512, "bfloat16", False, True, config=SMALL, operands=operands, epilogue_roles=roles,
                     epilogue=lambda y, r, c, f: jax.nn.relu(y + r) * c + f)  # relu's custom_jvp inlined
-    assert _custom_calls(text) == ["mosaic_gpu_v2"]
+    assert custom_calls(text) == ["mosaic_gpu_v2"]
 
 
 @needs_mosaic

@@ -2,8 +2,6 @@
 that it cross-lowers on CPU to a Mosaic GPU custom call, its configs and candidates; on a GPU,
 its numbers against float64 per group on every kind of split."""
 
-import re
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +14,7 @@ from jax_autotune.kernels.gpu import mosaic_grouped as mgr
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
+from cross_lowering import cuda_text, custom_calls
 from numerics import rel_error
 
 needs_mosaic = pytest.mark.skipif(not mgr.AVAILABLE, reason=f"Mosaic GPU unavailable: {mgr.IMPORT_ERROR}")
@@ -48,15 +47,9 @@ def _lowered(m, n, k, groups, dtype="bfloat16", transpose_rhs=False, *, config=N
     config = config or mgr.configs_for_grouped(m, n, k, groups, dtype, out_dtype=out_dtype)[0]
     fn = jax.jit(lambda x, w, s: mgr.mosaic_grouped_gemm(x, w, s, config=config, transpose_rhs=transpose_rhs,
                                                          out_dtype=out_dtype, num_sms=SMS))
-    avals = (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct(_rhs_shape(n, k, groups, transpose_rhs), dtype),
-             jax.ShapeDtypeStruct((groups,), jnp.int32))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        return fn.trace(*avals).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _custom_calls(text: str) -> list[str]:
-    return re.findall(r"custom_call @(\w+)", text)
+    return cuda_text(fn, jax.ShapeDtypeStruct((m, k), dtype),
+                     jax.ShapeDtypeStruct(_rhs_shape(n, k, groups, transpose_rhs), dtype),
+                     jax.ShapeDtypeStruct((groups,), jnp.int32))
 
 
 # ---------------------------------------------------------------- CPU: what it serves
@@ -110,7 +103,7 @@ def test_tile_table_covers_every_row_once_with_its_group():
 ])
 def test_cross_lowers_to_one_mosaic_gpu_call(m, n, k, groups, tr, out):
     for config in mgr.configs_for_grouped(m, n, k, groups, "bfloat16", out_dtype=out):
-        assert _custom_calls(_lowered(m, n, k, groups, transpose_rhs=tr, config=config,
+        assert custom_calls(_lowered(m, n, k, groups, transpose_rhs=tr, config=config,
                                       out_dtype=out)) == ["mosaic_gpu_v2"], config.name
 
 
@@ -165,17 +158,14 @@ def test_the_gpu_candidate_set_holds_the_mosaic_grouped_gemms_for_hopper_only():
 @needs_mosaic
 def test_the_candidate_runs_xla_where_the_stored_problem_is_not_served():
     # m=1001 buckets with aligned sizes, but lhs rows are not a multiple of 8: XLA's ragged_dot
-    problem = MatmulProblem(1, 1001, 256, 256, "bfloat16", "bfloat16", "bfloat16", groups=4, ragged="m")
-    fn = ragged.served(ragged.MOSAIC_GROUPED[0], problem)
-    text = jax.jit(fn).trace(jax.ShapeDtypeStruct((1001, 256), jnp.bfloat16),
-                             jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
-                             jax.ShapeDtypeStruct((4,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" not in text
-    problem = MatmulProblem(1, 1000, 256, 256, "bfloat16", "bfloat16", "bfloat16", groups=4, ragged="m")
-    text = jax.jit(ragged.served(ragged.MOSAIC_GROUPED[0], problem)).trace(
-        jax.ShapeDtypeStruct((1000, 256), jnp.bfloat16), jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
-    assert _custom_calls(text) == ["mosaic_gpu_v2"]
+    def lowered(m):
+        problem = MatmulProblem(1, m, 256, 256, "bfloat16", "bfloat16", "bfloat16", groups=4, ragged="m")
+        return cuda_text(jax.jit(ragged.served(ragged.MOSAIC_GROUPED[0], problem)),
+                         jax.ShapeDtypeStruct((m, 256), jnp.bfloat16), jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((4,), jnp.int32))
+    assert "mosaic_gpu" not in lowered(1001)
+    text = lowered(1000)
+    assert custom_calls(text) == ["mosaic_gpu_v2"]
 
 
 # ---------------------------------------------------------------- GPU: numbers
@@ -242,3 +232,15 @@ def test_gpu_candidate_matches_lax_on_both_representative_splits():
         want = ragged.XLA_RAGGED_DOT.fn(x, w, problem, splits)
         assert got.shape == want.shape == (2, m, n)
         assert rel_error(got, want) < _TOL["bfloat16"], candidate.name
+
+
+@needs_mosaic
+def test_the_candidate_in_a_swiglu_context_lowers_to_the_kernel_and_the_ops_after_it():
+    from jax_autotune.epilogue import Epilogue
+    problem = MatmulProblem(1, 1024, 512, 256, "bfloat16", "bfloat16", "bfloat16", groups=8, ragged="m",
+                            epilogue=Epilogue.parse("full:bfloat16|logistic(y);mul(y,%0);mul(%1,$0)"))
+    assert ragged.MOSAIC_GROUPED[0].runs(H200, problem.key()) is mgr.AVAILABLE
+    text = cuda_text(jax.jit(ragged.served(ragged.MOSAIC_GROUPED[0], problem)),
+                     jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16), jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16),
+                     jax.ShapeDtypeStruct((8,), jnp.int32), jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16))
+    assert custom_calls(text) == ["mosaic_gpu_v2"] and "stablehlo.exponential" in text  # the logistic, after it
