@@ -55,7 +55,7 @@ from jax_autotune.autotune import _tuner_serves, programs_traced
 from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.ragged_primitive import ragged_p
+from jax_autotune.ragged_primitive import ragged_fused_p, ragged_p
 from jax_autotune.registry import ragged_tuner_for, tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.progress import over_keys
@@ -125,7 +125,7 @@ def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
     if _dce_jaxpr is not None:
         jaxpr, _ = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     found = {(eqn.params["problem"], eqn.params["key"]): None
-             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p, ragged_p)}
+             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p, ragged_p, ragged_fused_p)}
     return list(found)
 
 

@@ -107,3 +107,16 @@ def test_the_gate_checks_a_context_on_every_split_the_rows_in_no_group_included(
     # the skewed split leaves its last 8 rows in no group: there the result is row * col, not 0
     assert np.any(np.asarray(good[1, 56:]))
     assert not check(good.at[1, 56:].set(0.0), ref, problem, "cpu").ok
+
+
+def test_warmup_tunes_the_grouped_contexts_so_a_compile_under_require_tunes_nothing(fresh_tuning):
+    from jax_autotune import config
+    args = _params(jnp.bfloat16)
+    report = jat.warmup(jat.autotune(swiglu), *args, compare=False)
+    contexts = {str(e.key.epilogue) for e in report.entries if e.key.groups}
+    assert contexts == {"row:bfloat16|add(y,$0)", "full:bfloat16|logistic(y);mul(y,%0);mul(%1,$0)"}
+    config.update("mode", "require")
+    tuned = jat.stats()["tuned"]
+    out = jax.jit(jat.autotune(swiglu))(*args)  # a key warmup missed would raise KeyNotTunedError
+    assert jat.stats()["tuned"] == tuned
+    assert rel_error(out, jax.jit(swiglu)(*args)) <= tolerance("bfloat16")
