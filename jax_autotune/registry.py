@@ -171,15 +171,19 @@ def ragged_tuner_for(platform: str) -> Tuner:
 
 
 def built_tuners() -> list[Tuner]:
-    """The tuners ``tuner_for`` has built in this process."""
+    """The tuners ``tuner_for`` and ``ragged_tuner_for`` have built in this process (the
+    grouped ones on their dense tuner's current store)."""
     with _tuners_lock:
-        return list(_tuners.values())
+        dense, grouped = list(_tuners.values()), list(_ragged_tuners)
+    return dense + [ragged_tuner_for(platform) for platform in grouped]
 
 
 def current_tuners() -> list[Tuner]:
-    """The tuner of ``jax.default_backend()`` (built if needed) and every other live tuner."""
+    """The tuners of ``jax.default_backend()``, dense and grouped (built if needed), and
+    every other live tuner."""
     default = tuner_for(jax.default_backend())
-    return [default] + [t for t in built_tuners() if t is not default]
+    grouped = ragged_tuner_for(jax.default_backend())
+    return [default, grouped] + [t for t in built_tuners() if t is not default and t is not grouped]
 
 
 def _use_compilation_cache_at_import() -> None:

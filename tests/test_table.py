@@ -132,7 +132,9 @@ def test_the_default_table_reads_the_tuners_built_in_this_process(store, monkeyp
     assert len(table()) == 0
     monkeypatch.setitem(tuner_module._tuners, "cpu", tuner)
     assert len(table()) == 2
-    assert current_tuners() == [tuner]
+    from jax_autotune.registry import ragged_tuner_for
+    assert current_tuners() == [tuner, ragged_tuner_for("cpu")]  # the device's dense and grouped tuners
+    assert current_tuners()[1].store is tuner.store
 
 
 # ---------------------------------------------------------------- the JSON schema
@@ -522,3 +524,38 @@ def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_name
     assert "'tiny_only'" in message and PROBLEM_A.key().canonical() in message
     assert tuner.lookup(PROBLEM_A.key()) is None and tuner.store.entries() == []
     assert tuner.select(PROBLEM_A).winner == "fast"  # tuned again
+
+
+def test_a_grouped_matmuls_decisions_ship_in_their_own_section_and_install_elsewhere(fresh_tuning, tmp_path):
+    """A table holds one candidate set per section: a device's grouped decisions are the
+    section <fingerprint>/grouped, shown, saved, and installed into the grouped tuner of
+    another process, which then compiles under require with nothing to tune."""
+    import jax.numpy as jnp
+
+    import jax_autotune as jat
+    from jax_autotune import config
+    from jax_autotune.cli.table import show_lines
+    from jax_autotune.registry import ragged_tuner_for, reset_tuners
+    from jax_autotune.tables.install import section_name
+
+    x, w, sizes = jnp.ones((64, 32)), jnp.ones((4, 32, 16)), jnp.array([20, 0, 30, 10], jnp.int32)
+    want = jax.jit(jax.lax.ragged_dot)(x, w, sizes)
+    jax.jit(jat.ragged_dot)(x, w, sizes).block_until_ready()
+    jax.jit(jat.matmul)(x, w[0]).block_until_ready()
+    fingerprint = current_tuners()[0].device.fingerprint
+    harvested = jat.table()
+    assert set(harvested.devices) == {fingerprint, section_name(fingerprint, grouped=True)}
+    grouped = harvested.devices[section_name(fingerprint, grouped=True)]
+    assert [d.key.groups for d in grouped.entries] == [4] and grouped.checksum == ragged_tuner_for("cpu").checksum
+    assert any(line.startswith(f"device {fingerprint}/grouped: 1 decisions")
+               for line in show_lines(harvested.summary_rows()))
+    path = harvested.save(tmp_path / "t.json")
+
+    reset_tuners()  # another process, with a store of its own
+    config.update("cache_dir", str(tmp_path / "elsewhere"))
+    assert len(jat.load_table(path)) == 2
+    config.update("mode", "require")
+    tuned = counters.stats()["tuned"]
+    got = jax.jit(jat.ragged_dot)(x, w, sizes)
+    assert counters.stats()["tuned"] == tuned and ragged_tuner_for("cpu").lookup(grouped.entries[0].key) is not None
+    assert float(jnp.max(jnp.abs(got - want))) == 0.0

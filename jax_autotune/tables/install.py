@@ -30,12 +30,36 @@ from jax_autotune.tuning.decisions import Installed, stored_decision
 from jax_autotune.tuning.tuner import Tuner
 
 _NAMED_REJECTIONS = 3  # rejected entries a warning names one by one
+GROUPED_SECTION = "{device}/grouped"  # a device's grouped matmuls' decisions: another candidate set
+
+
+def section_name(fingerprint: str, grouped: bool) -> str:
+    """The table section of a device's decisions: its fingerprint for dense matmuls,
+    ``<fingerprint>/grouped`` for grouped ones (``lax.ragged_dot``), whose candidate set
+    is another (a table section holds one candidate set).
+
+        >>> section_name("cpu-AMD-EPYC-x2-mem0-avx512", grouped=True)
+        'cpu-AMD-EPYC-x2-mem0-avx512/grouped'
+    """
+    return GROUPED_SECTION.format(device=fingerprint) if grouped else fingerprint
+
+
+def section_of(tuner: Tuner) -> str:
+    """The table section ``tuner``'s decisions go to (a grouped tuner's baseline is not XLA's dot)."""
+    return section_name(tuner.device.fingerprint, tuner.candidate_set.baseline.name != XLA_DOT_NAME)
+
+
+def _row_section(fingerprint: str, key: str) -> str:
+    try:
+        grouped = MatmulKey.parse(key).groups > 0
+    except Exception:  # noqa: BLE001 - a damaged key: its dense section reports it
+        grouped = False
+    return section_name(fingerprint, grouped)
 
 
 def known_sets(tuners: Iterable[Tuner]) -> dict[str, CandidateSetInfo]:
-    """The candidate set of each tuner's device, as ``TuneTable.load(known=...)`` takes it."""
-    return {t.device.fingerprint: CandidateSetInfo(t.checksum, frozenset(t.candidate_set.names()))
-            for t in tuners}
+    """The candidate set of each tuner's section, as ``TuneTable.load(known=...)`` takes it."""
+    return {section_of(t): CandidateSetInfo(t.checksum, frozenset(t.candidate_set.names())) for t in tuners}
 
 
 def read_table(path: str | os.PathLike, *, tuners: Iterable[Tuner] | None = None) -> TuneTable:
@@ -80,14 +104,16 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
         >>> jat.warmup(train_step, params, batch, grad=True)
         >>> table().save("tune_table.json")
 
-    For a device without a tuner in this process, the entries of its most recently written
-    candidate set are taken (older sets' entries could not be installed anyway).
+    A device's grouped matmuls' decisions (another candidate set) are the section
+    ``<fingerprint>/grouped`` (``section_name``). For a section without a tuner in this
+    process, the entries of its most recently written candidate set are taken (older sets'
+    entries could not be installed anyway).
     """
     tuners = built_tuners() if tuners is None else list(tuners)
     sections: dict[str, tuple[str, tuple[str, ...]]] = {}
     decisions: dict[str, dict[MatmulKey, Decision]] = {}
     for tuner in tuners:
-        fingerprint, checksum = tuner.device.fingerprint, tuner.checksum
+        fingerprint, checksum = section_of(tuner), tuner.checksum
         sections[fingerprint] = (checksum, tuple(tuner.candidate_set.names()))
         found = decisions.setdefault(fingerprint, {})
         for decision in tuner.memory_decisions():  # its store's rows are read below
@@ -102,8 +128,8 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
     for store, row in rows:
         namespace = DecisionNamespace.parse(row.namespace)
         if namespace is not None:
-            by_device.setdefault(namespace.device, []).append((store, row))
-    for fingerprint, device_rows in by_device.items():
+            by_device.setdefault(_row_section(namespace.device, row.key), []).append((store, row))
+    for fingerprint, device_rows in by_device.items():  # a section: a device's dense or grouped rows
         if fingerprint in sections:
             checksum = sections[fingerprint][0]
         else:
@@ -133,7 +159,8 @@ def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = Non
                   persist: bool = True) -> dict[str, Installed]:
     """Install the entries of every device that has a tuner in ``tuners`` (default:
     ``current_tuners()``) into its memory table and (``persist``) its store, one
-    transaction per device; returns {fingerprint: Installed}. Entries of other devices are
+    transaction per device; returns {section: Installed} (a device's fingerprint, or
+    ``<fingerprint>/grouped`` for its grouped matmuls: ``section_name``). Entries of other devices are
     left alone; an entry of another candidate set, or whose winner cannot run its key here,
     is not installed (one ``TuneTableWarning`` names them).
 
@@ -145,7 +172,7 @@ def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = Non
     other_set = 0
     rejected: list[str] = []
     for tuner in tuners:
-        fingerprint = tuner.device.fingerprint
+        fingerprint = section_of(tuner)
         section = tune_table.devices.get(fingerprint)
         if section is None or fingerprint in installed:
             continue

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 from collections import Counter
 
+from jax_autotune.kernels.ragged import XLA_RAGGED_NAME
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning.decision import Decision
@@ -36,7 +37,8 @@ def matches(key: MatmulKey, text: str) -> bool:
 class SummaryRow:
     """One line of ``jax-autotune show``: a decision and how it compares with XLA's dot.
 
-    ``speedup`` is XLA's time over the winner's; ``roofline_fraction`` is the roofline
+    ``speedup`` is XLA's time (its dot; for a grouped key its ragged_dot) over the
+    winner's; ``roofline_fraction`` is the roofline
     limit (or, without one, the roofline floor) over the winner's time: 1.0 or more means
     the winner is inside the limit. ``samples`` counts the winner's kept timings; times
     are seconds; None where not measured.
@@ -71,7 +73,7 @@ def summarize(device: str, decision: Decision) -> SummaryRow:
     """The ``SummaryRow`` of one decision."""
     winner = decision.result(decision.winner)
     winner_seconds = winner.score if winner else None
-    xla = decision.result(XLA_DOT_NAME)
+    xla = decision.result(XLA_RAGGED_NAME if decision.key.groups else XLA_DOT_NAME)  # XLA's own op
     xla_seconds = xla.score if xla is not None and xla.outcome == "ok" else None
     speedup = (xla_seconds / winner_seconds
                if xla_seconds and winner_seconds and winner_seconds > 0 else None)

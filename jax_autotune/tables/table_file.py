@@ -16,7 +16,13 @@ File format (``schema_version`` 1; JSON only, nothing is ever unpickled)::
      "created": "2025-01-01T00:00:00Z",
      "devices": {"<fingerprint>": {"checksum": "<candidate-set checksum>",
                                    "candidates": ["xla_dot", ...],
-                                   "entries": [<Decision.to_json()>, ...]}}}
+                                   "entries": [<Decision.to_json()>, ...]},
+                 "<fingerprint>/grouped": {...}}}
+
+A section holds one candidate set: a device's grouped matmuls (``lax.ragged_dot``), whose
+set is another, are the section ``<fingerprint>/grouped``
+(``jax_autotune.tables.install.section_name``); this module reads a section's name as an
+opaque string.
 
 Loading validates: text that is not UTF-8 JSON (or nested too deep to parse), another
 schema or schema version, a field of the wrong type, or a table over its caps raise
