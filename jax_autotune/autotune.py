@@ -374,8 +374,10 @@ def _ragged_in_context(region: Region, head, read):
                       f"not be bound ({type(err).__name__}: {err}); it runs untuned",
                       RuntimeWarning, stacklevel=3)
         return None
+    if out is None or out is LEFT_PLAIN:
+        return out
     want = region.output.aval
-    return out if out is not None and out.shape == want.shape and out.dtype == want.dtype else None
+    return out if out.shape == want.shape and out.dtype == want.dtype else None
 
 
 def _bind_as_traced(eqn, invals):

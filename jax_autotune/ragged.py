@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_autotune.api import _explicitly_sharded, _tuned
+from jax_autotune.api import LEFT_PLAIN, _explicitly_sharded, _left_plain, _tuned
 from jax_autotune.dtypes import is_floating, is_integer
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem
@@ -83,7 +83,7 @@ def _ragged_dot_general(name, lhs, rhs, group_sizes, dims, precision, preferred_
     except (TypeError, ValueError) as err:
         raise type(err)(f"{name}: {err}") from None
     problem = _grouped_problem(lhs, rhs, group_sizes, dims, precision, preferred_element_type, out)
-    if problem is None:
+    if problem is None or _left_plain(problem, None):  # left plain: a program check found it costs
         return plain()
     return bind_ragged(jax.numpy.asarray(lhs), jax.numpy.asarray(rhs), jax.numpy.asarray(group_sizes), problem)
 
@@ -92,7 +92,8 @@ def ragged_dot_in_context(lhs, rhs, group_sizes, dims, precision, preferred_elem
                           epilogue: Epilogue, operands: Callable[[int, int], list]):
     """``epilogue`` applied to the (m, n) result of ``lax.ragged_dot_general(lhs, rhs,
     group_sizes, dims, ...)``, bound as one tuned op; None where the grouped tuner does not
-    serve the call as a ragged m (lax's own op must run it). ``operands(m, n)`` gives the
+    serve the call as a ragged m (lax's own op must run it), and ``LEFT_PLAIN`` where its
+    key is left plain (``api.leaving_plain``). ``operands(m, n)`` gives the
     epilogue's operands in their role shapes on a batch of 1 (col (1, m), full (1, m, n)).
 
         >>> up = ragged_dot_in_context(x, w_up, sizes, RAGGED_DOT_DIMENSION_NUMBERS, None, None,
@@ -106,6 +107,8 @@ def ragged_dot_in_context(lhs, rhs, group_sizes, dims, precision, preferred_elem
     problem = _grouped_problem(lhs, rhs, group_sizes, dims, precision, preferred_element_type, out)
     if problem is None or problem.ragged != "m" or not epilogue.elementwise:
         return None
+    if _left_plain(problem, epilogue):
+        return LEFT_PLAIN
     problem = dataclasses.replace(problem, epilogue=epilogue)
     values = [jax.numpy.reshape(x, shape) for x, shape in zip(operands(problem.m, problem.n),
                                                                 problem.epilogue_operand_shapes())]

@@ -56,11 +56,14 @@ from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.ragged_primitive import ragged_fused_p, ragged_p
+
+TUNED_PRIMITIVES = (matmul_p, fused_p, ragged_p, ragged_fused_p)  # the ops a tuned key is bound as
 from jax_autotune.registry import ragged_tuner_for, tuner_for
 from jax_autotune.tuning.consensus import current_job
 from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
+from jax_autotune.kernels.ragged import XLA_RAGGED_NAME
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 
 
@@ -84,7 +87,7 @@ class WarmupEntry:
 
     @classmethod
     def of(cls, decision: Decision) -> "WarmupEntry":
-        xla = decision.result(XLA_DOT_NAME)
+        xla = decision.result(XLA_RAGGED_NAME if decision.key.groups else XLA_DOT_NAME)  # XLA's own op
         return cls(decision.key, decision.problem, decision.winner, decision.winner_seconds,
                    xla.score if xla else None, decision.source, decision.reason)
 
@@ -125,7 +128,7 @@ def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
     if _dce_jaxpr is not None:
         jaxpr, _ = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     found = {(eqn.params["problem"], eqn.params["key"]): None
-             for eqn in equations(jaxpr) if eqn.primitive in (matmul_p, fused_p, ragged_p, ragged_fused_p)}
+             for eqn in equations(jaxpr) if eqn.primitive in TUNED_PRIMITIVES}
     return list(found)
 
 
@@ -266,7 +269,7 @@ def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck
         return None
     uses: dict[MatmulKey, int] = {}
     for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):
-        if eqn.primitive in (matmul_p, fused_p):
+        if eqn.primitive in TUNED_PRIMITIVES:
             uses[eqn.params["key"]] = uses.get(eqn.params["key"], 0) + 1
     if not any(e.source == "tuned" for e in entries):
         earlier = program_check.stored(program_ids, tuner, len(uses))
@@ -274,7 +277,7 @@ def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck
             return earlier
     gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
              if e.xla_seconds is not None and e.winner_seconds is not None}
-    xla_won = frozenset(e.key for e in entries if e.winner == XLA_DOT_NAME)
+    xla_won = frozenset(e.key for e in entries if e.winner in (XLA_DOT_NAME, XLA_RAGGED_NAME))
     return program_check.check(target, args, program_ids, uses, gains, tuner, xla_won=xla_won)
 
 
@@ -283,7 +286,7 @@ def _warn_untuned(jaxprs) -> None:
     eqns = [eqn for jaxpr in jaxprs for eqn in equations(jaxpr)]
     dots = [eqn for eqn in eqns if eqn.primitive.name == "dot_general"]
     plain = sum(1 for eqn in dots if _tuner_serves(eqn))
-    if any(eqn.primitive in (matmul_p, fused_p) for eqn in eqns):
+    if any(eqn.primitive in TUNED_PRIMITIVES for eqn in eqns):
         message = "its tuned matmuls feed no output, so a compile drops them"
     elif plain:
         message = (f"its matmuls ({plain} traced) are plain jnp/lax ones, which compiling fn does not "

@@ -212,7 +212,7 @@ def test_multi_platform_export_on_a_cpu_only_host(native_model, tmp_path):
     exported = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda"))(*args)
     assert exported.platforms == ("cpu", "cuda")
     assert project_targets(exported.mlir_module()) == set()
-    assert [t.device.platform for t in built_tuners()] == ["cpu"]  # nothing tuned for the GPU
+    assert {t.device.platform for t in built_tuners()} == {"cpu"}  # nothing tuned for the GPU (dense or grouped)
     got, report = run_fresh(tmp_path, exported, args)
     assert "error" not in report and rel_error(got, want) < 2e-6
 

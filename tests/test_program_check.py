@@ -145,3 +145,31 @@ def test_a_program_whose_every_winner_is_xlas_dot_runs_as_written_without_a_comp
     assert "every key's winner is XLA's dot" in str(found)
     assert programs.left_plain(tuner, "p") == frozenset(keys)
     assert program_check.stored({"p"}, tuner, len(keys)).source == "xla"
+
+
+def test_a_grouped_key_left_plain_is_laxs_ragged_dot_in_the_program(fresh_tuning):
+    """A grouped matmul, bare or in its context, is left plain like a dot: the program
+    check can decide it (it counts its uses, and the plain program has none tuned)."""
+    from jax_autotune.ragged_primitive import ragged_fused_p, ragged_p
+    from jax_autotune.warmup import TUNED_PRIMITIVES
+    assert {ragged_p, ragged_fused_p} <= set(TUNED_PRIMITIVES)
+    sizes = jnp.array([10, 0, 14], jnp.int32)
+    x, w, b = rand(4, 24, 40), rand(5, 3, 40, 48), rand(6, 48)
+
+    def moe(x, w, b):
+        return jnp.tanh(jax.lax.ragged_dot(x, w, sizes) + b), jax.lax.ragged_dot(x, w * 2.0, sizes)
+
+    tuned = jat.autotune(moe)
+    with programs_traced() as seen:
+        bound = keys_of(tuned, x, w, b)
+    (program,) = seen
+    assert [k.groups for k in bound] == [3, 3] and not bound[0].epilogue.is_bare and bound[1].epilogue.is_bare
+    for left in bound:
+        programs.remember(tuner_for("cpu"), program, programs.ProgramRecord(1.0, 1.1, 0.99, (left.canonical(),)))
+        again = jat.autotune(moe)
+        eqns = list(equations(jax.make_jaxpr(again)(x, w, b)))
+        assert [e.params["key"] for e in eqns if e.primitive in (ragged_p, ragged_fused_p)] == \
+            [k for k in bound if k != left]
+        assert sum(e.primitive.name == "ragged_dot_general" for e in eqns) == 1
+        for got, want in zip(jax.jit(again)(x, w, b), moe(x, w, b)):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
