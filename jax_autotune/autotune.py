@@ -335,20 +335,14 @@ def _labels(eqn) -> str:
 
 
 def _in_context(region: Region, eqns, read):
-    """The region's output: its dot and epilogue as one tuned op; None where the tuned
-    matmul cannot serve it (it then runs as JAX traced it)."""
+    """The region's output: its dot (or grouped matmul) and epilogue as one tuned op; None
+    where the tuned matmul cannot serve it (it then runs as JAX traced it)."""
     head = eqns[region.head]
-    if head.primitive.name == "ragged_dot_general":
-        return _ragged_in_context(region, head, read)
-    lhs, rhs = (read(v) for v in head.invars)
-    (lc, rc), (lb, rb) = head.params["dimension_numbers"]
-    dims = ((lc, rc), (lb, rb))
-    if region.swap:  # transpose(lhs . rhs) = rhs . lhs
-        lhs, rhs, dims = rhs, lhs, ((rc, lc), (rb, lb))
+    grouped = head.primitive.name == "ragged_dot_general"
+    if grouped and (region.swap or region.epilogue.is_bare):
+        return None
     try:
-        out = dot_general_in_context(lhs, rhs, dims, head.params["precision"],
-                                     head.params["preferred_element_type"], region.epilogue,
-                                     lambda batch, m, n: operand_values(region, read, batch, m, n))
+        out = (_bound_grouped if grouped else _bound_dot)(region, head, read)
     except Exception as err:  # noqa: BLE001 - never the user's program: as traced
         warnings.warn(f"jax_autotune: the matmul's context {region.epilogue.describe()!r} could "
                       f"not be bound ({type(err).__name__}: {err}); it runs untuned",
@@ -360,24 +354,21 @@ def _in_context(region: Region, eqns, read):
     return jnp.reshape(out, want.shape) if out.dtype == want.dtype else None
 
 
-def _ragged_in_context(region: Region, head, read):
-    """A grouped matmul's region: its ragged m and epilogue as one tuned op, or None."""
-    if region.swap or region.epilogue.is_bare:
-        return None
+def _bound_dot(region: Region, head, read):
+    lhs, rhs = (read(v) for v in head.invars)
+    (lc, rc), (lb, rb) = head.params["dimension_numbers"]
+    dims = ((lc, rc), (lb, rb))
+    if region.swap:  # transpose(lhs . rhs) = rhs . lhs
+        lhs, rhs, dims = rhs, lhs, ((rc, lc), (rb, lb))
+    return dot_general_in_context(lhs, rhs, dims, head.params["precision"], head.params["preferred_element_type"],
+                                  region.epilogue, lambda batch, m, n: operand_values(region, read, batch, m, n))
+
+
+def _bound_grouped(region: Region, head, read):
     params = head.params
-    try:
-        out = ragged_dot_in_context(*(read(v) for v in head.invars), params["ragged_dot_dimension_numbers"],
-                                    params["precision"], params["preferred_element_type"], region.epilogue,
-                                    lambda m, n: operand_values(region, read, 1, m, n))
-    except Exception as err:  # noqa: BLE001 - never the user's program: as traced
-        warnings.warn(f"jax_autotune: the grouped matmul's context {region.epilogue.describe()!r} could "
-                      f"not be bound ({type(err).__name__}: {err}); it runs untuned",
-                      RuntimeWarning, stacklevel=3)
-        return None
-    if out is None or out is LEFT_PLAIN:
-        return out
-    want = region.output.aval
-    return out if out.shape == want.shape and out.dtype == want.dtype else None
+    return ragged_dot_in_context(*(read(v) for v in head.invars), params["ragged_dot_dimension_numbers"],
+                                 params["precision"], params["preferred_element_type"], region.epilogue,
+                                 lambda m, n: operand_values(region, read, 1, m, n))
 
 
 def _bind_as_traced(eqn, invals):
