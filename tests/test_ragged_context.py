@@ -120,3 +120,49 @@ def test_warmup_tunes_the_grouped_contexts_so_a_compile_under_require_tunes_noth
     out = jax.jit(jat.autotune(swiglu))(*args)  # a key warmup missed would raise KeyNotTunedError
     assert jat.stats()["tuned"] == tuned
     assert rel_error(out, jax.jit(swiglu)(*args)) <= tolerance("bfloat16")
+
+
+def test_an_optax_step_of_a_bf16_moe_on_int_tokens_matches_plain_jax_leaf_by_leaf(fresh_tuning):
+    """As users train: bf16 parameters, int token inputs, top-2 routing to SwiGLU experts
+    (their up projections in context), jax.grad of jat.autotune(loss), an AdamW step."""
+    import optax
+
+    vocab, d, ffn, experts = 50, 32, 48, 4
+    k = jax.random.split(jax.random.key(3), 5)
+    params = {"embed": jax.random.normal(k[0], (vocab, d)), "router": jax.random.normal(k[1], (d, experts)) / 6,
+              "gate": jax.random.normal(k[2], (experts, d, ffn)) / 6, "up": jax.random.normal(k[3], (experts, d, ffn)) / 6,
+              "down": jax.random.normal(k[4], (experts, ffn, d)) / 7}
+    params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    tokens = jax.random.randint(jax.random.key(4), (40,), 0, vocab)
+
+    def loss(params, tokens):
+        x = params["embed"][tokens]
+        weights, chosen = lax.top_k(jax.nn.softmax((x @ params["router"]).astype(jnp.float32)), 2)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat)
+        rows = jnp.repeat(x, 2, axis=0)[order]
+        sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+        hidden = jax.nn.silu(lax.ragged_dot(rows, params["gate"], sizes)) * lax.ragged_dot(rows, params["up"], sizes)
+        out = jnp.zeros_like(rows).at[order].set(lax.ragged_dot(hidden, params["down"], sizes))
+        y = jnp.sum(out.reshape(-1, 2, d).astype(jnp.float32) * weights[..., None], axis=1)
+        return jnp.mean((y @ params["embed"].T.astype(jnp.float32)) ** 2)
+
+    assert _contexts(loss, params, tokens) == ["full:bfloat16|logistic(y);mul(y,%0);mul(%1,$0)"]
+    optimizer = optax.adamw(1e-2)
+
+    def step(loss_fn):
+        @jax.jit
+        def run(params, state, tokens):
+            value, grads = jax.value_and_grad(loss_fn)(params, tokens)
+            updates, state = optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), value, grads
+        return run
+
+    state = optimizer.init(params)
+    tuned_params, tuned_loss, tuned_grads = step(jat.autotune(loss))(params, state, tokens)
+    plain_params, plain_loss, plain_grads = step(loss)(params, state, tokens)
+    assert rel_error(tuned_loss, plain_loss) <= tolerance("bfloat16")
+    for name in params:
+        assert tuned_params[name].dtype == jnp.bfloat16 and tuned_grads[name].dtype == jnp.bfloat16
+        assert rel_error(tuned_grads[name], plain_grads[name]) <= 4 * tolerance("bfloat16"), name
+        assert rel_error(tuned_params[name], plain_params[name]) <= tolerance("bfloat16"), name
