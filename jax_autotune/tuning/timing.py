@@ -303,9 +303,8 @@ def random_operands(problem: MatmulProblem, device, seed: int = 0) -> tuple[Any,
     """
     rng = np.random.default_rng(seed)
     specs = problem.input_specs()
-    drawn = [_host_draw(rng, shape, dtype) for shape, dtype in specs]
-    if problem.groups:  # the group sizes, after lhs and rhs
-        drawn[2] = representative_splits(problem.ragged_rows, problem.groups)
+    drawn = [representative_splits(problem.ragged_rows, problem.groups) if problem.groups and i == 2
+             else _host_draw(rng, shape, dtype) for i, (shape, dtype) in enumerate(specs)]  # [2]: group sizes
     return tuple(_block(jax.device_put(x, device)) for x in drawn)
 
 

@@ -21,6 +21,8 @@ of 8 is refused here, at lowering, and the product warns and runs XLA's dot.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from jax_autotune.kernels.gpu import mosaic_gemm
@@ -46,10 +48,16 @@ def device_sms() -> int:
 def ranked_config(problem: MatmulProblem, rank: int, sms: int) -> MosaicGemmConfig | None:
     """The ``rank``-th of the ``MOSAIC_GEMM_RANKS`` configs ``configs_for`` gives ``problem``
     on ``sms`` SMs, or None (the ranking is taken whole: its limit changes which configs it holds)."""
-    configs = mosaic_gemm.configs_for(problem.m, problem.n, problem.k, problem.lhs_dtype, batch=problem.batch,
-                                      num_sms=sms, out_dtype=problem.out_dtype, limit=MOSAIC_GEMM_RANKS,
-                                      operands=_operand_roles(problem))
+    configs = _ranking(problem, sms)
     return configs[rank] if rank < len(configs) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _ranking(problem: MatmulProblem, sms: int) -> tuple[MosaicGemmConfig, ...]:
+    """One ranking per problem: each rank's cost, supports check and lowering read it."""
+    return tuple(mosaic_gemm.configs_for(problem.m, problem.n, problem.k, problem.lhs_dtype, batch=problem.batch,
+                                         num_sms=sms, out_dtype=problem.out_dtype, limit=MOSAIC_GEMM_RANKS,
+                                         operands=_operand_roles(problem)))
 
 
 def problem_supported(problem: MatmulProblem, config: MosaicGemmConfig | None = None):
