@@ -22,9 +22,14 @@ a lowering runs it on one split (``served``).
   (``kernels/gpu/mosaic_grouped.py``), the groups' FLOPs only, every split in-kernel; a
   problem its key admits but the kernel cannot serve as stored (an m that is not a
   multiple of 8, say: the key holds bucketed sizes) runs ``xla_ragged_dot`` instead.
+* ``ragged_k_mosaic_gemm_<config>`` (Hopper GPUs, ragged k, bf16/f16, lhs stored (k, m)
+  and rhs (k, n) as the weight gradient has them; one per
+  ``mosaic_grouped_k.GROUPED_K_CONFIGS``): our Mosaic GPU grouped GEMM over each group's
+  k rows (``kernels/gpu/mosaic_grouped_k.py``), the groups' FLOPs only, every split
+  in-kernel; where the stored problem is not served, ``xla_ragged_dot``.
 
     >>> cset = ragged_candidate_set(device)
-    >>> cset.names()          # a CPU device; a Hopper GPU adds the ragged_mosaic_gemm_* ones
+    >>> cset.names()          # a CPU device; a Hopper GPU adds the *mosaic_gemm_* ones
     ('xla_ragged_dot', 'ragged_masked_dense', 'ragged_padded_dense_x2')
 """
 
@@ -37,7 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_autotune.key import MatmulKey
-from jax_autotune.kernels.gpu import mosaic_grouped
+from jax_autotune.kernels.gpu import mosaic_grouped, mosaic_grouped_k
 from jax_autotune.kernels.groups import group_bounds
 from jax_autotune.kernels.gpu.mosaic_gemm import shared_memory_bytes
 from jax_autotune.kernels.xla import lax_precision
@@ -179,13 +184,18 @@ def mosaic_one(config):
     return one
 
 
+def _hopper_mosaic(device: DeviceInfo, key: MatmulKey, ragged: str) -> bool:
+    """A Hopper GPU with Mosaic GPU, a ``ragged`` key of one input dtype whose stored rows
+    are 32-byte aligned (its strides say so; its sizes are bucketed)."""
+    cc = device.compute_capability
+    return (device.platform == "gpu" and cc is not None and cc >= (9, 0) and mosaic_grouped.AVAILABLE
+            and key.ragged == ragged and key.rhs_dtype == key.lhs_dtype
+            and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) >= 32)
+
+
 def _supports_mosaic(config):
     def supports(device: DeviceInfo, key: MatmulKey) -> bool:
-        cc = device.compute_capability
-        if not (device.platform == "gpu" and cc is not None and cc >= (9, 0) and mosaic_grouped.AVAILABLE
-                and key.ragged == "m" and key.rhs_dtype == key.lhs_dtype
-                # the key's sizes are bucketed; its strides say whether the stored rows are 32-byte aligned
-                and 2 ** min(key.lhs_stride_factor, key.rhs_stride_factor) >= 32):
+        if not _hopper_mosaic(device, key, "m"):
             return False
         fitted = mosaic_grouped.fitted(config, key.lhs_dtype, key.out_dtype)
         return (fitted is not None
@@ -193,6 +203,33 @@ def _supports_mosaic(config):
                 and bool(mosaic_grouped.supports_grouped(key.m, key.n, key.k, key.groups, key.lhs_dtype,
                                                          transpose_rhs=key.rhs_layout.transposed,
                                                          out_dtype=key.out_dtype, config=fitted)))
+    return supports
+
+
+def _k_served(config, transpose_a: bool, transpose_b: bool, m: int, n: int, k: int, dtype: str,
+              out_dtype: str) -> bool:
+    return (transpose_a and not transpose_b
+            and bool(mosaic_grouped_k.supports_grouped_k(m, n, k, dtype, out_dtype=out_dtype, config=config)))
+
+
+def mosaic_k_one(config):
+    """``one`` of a split for ``mosaic_grouped_k_gemm`` with ``config``, ``xla_ragged_one``
+    where the problem as stored is not served."""
+    def one(lhs, rhs, group_sizes, problem: MatmulProblem):
+        if not _k_served(config, problem.transpose_a, problem.transpose_b, problem.m, problem.n, problem.k,
+                         problem.lhs_dtype, problem.out_dtype):
+            return xla_ragged_one(lhs, rhs, group_sizes, problem)
+        return mosaic_grouped_k.mosaic_grouped_k_gemm(lhs, rhs, group_sizes, config=config,
+                                                      out_dtype=problem.out_dtype)
+    return one
+
+
+def _supports_mosaic_k(config):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        return (_hopper_mosaic(device, key, "k")
+                and config.shared_memory_bytes(key.lhs_dtype, key.out_dtype) <= device.shared_memory_limit
+                and _k_served(config, key.lhs_layout.transposed, key.rhs_layout.transposed, key.m, key.n, key.k,
+                              key.lhs_dtype, key.out_dtype))
     return supports
 
 
@@ -208,6 +245,11 @@ MOSAIC_GROUPED = tuple(
               params={"family": "ragged_mosaic_gemm", **dataclasses.asdict(config)},
               supports=_supports_mosaic(config))
     for config in mosaic_grouped.GROUPED_CONFIGS)
+MOSAIC_GROUPED_K = tuple(
+    Candidate(f"ragged_k_mosaic_gemm_{config.name}", _each_split(mosaic_k_one(config)),
+              params={"family": "ragged_k_mosaic_gemm", **dataclasses.asdict(config)},
+              supports=_supports_mosaic_k(config))
+    for config in mosaic_grouped_k.GROUPED_K_CONFIGS)
 
 
 def served(candidate: Candidate, problem: MatmulProblem):
@@ -230,11 +272,11 @@ def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
     builder = CandidateSetBuilder(device.platform, device.device_kind)
     builder.add(XLA_RAGGED_DOT)
     dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
-    kernels = (MASKED_DENSE, PADDED_DENSE) + (MOSAIC_GROUPED if device.platform == "gpu" else ())
+    kernels = (MASKED_DENSE, PADDED_DENSE) + (MOSAIC_GROUPED + MOSAIC_GROUPED_K if device.platform == "gpu" else ())
     for candidate in kernels:
         builder.add(candidate, dense, lambda key: 1)
     return builder.build()
 
 
-__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "ragged_candidate_set", "served",
-           "ragged_dimension_numbers", "xla_ragged_one", "capacity"]
+__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "MOSAIC_GROUPED_K",
+           "ragged_candidate_set", "served", "ragged_dimension_numbers", "xla_ragged_one", "capacity"]
