@@ -136,29 +136,36 @@ def _wide_operands(problem: MatmulProblem, lhs, rhs, batches=None, rows=None, co
 class GroupedReference:
     """Exact values of a grouped matmul's outputs on its tuning splits, group by group.
 
-    ``pieces``: (split, index into that split's output, exact values, whether they must be
-    exactly zero); an index is a group's (sampled) rows for a ragged m, the group for a
-    ragged k. ``shape``: the outputs' shape, (splits, *problem.out_shape).
+    ``flat``: the entries checked, as flat indices into the outputs (shape ``shape``:
+    (splits, *problem.out_shape)), piece after piece; ``pieces``: each piece's exact values
+    (their count of ``flat``'s entries) and whether they must be exactly zero. A piece is a
+    group's (sampled) rows, or the rows in no group, for a ragged m; a group for a ragged k.
     """
 
     shape: tuple[int, ...]
-    pieces: tuple[tuple[int, Any, np.ndarray, bool], ...]
+    flat: np.ndarray
+    pieces: tuple[tuple[np.ndarray, bool], ...]
 
 
 def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, *operands, host_max_macs: int,
                        seed: int) -> GroupedReference:
-    a = as_numpy(lhs).astype(_wide(problem))
-    b = as_numpy(rhs).astype(_wide(problem))
+    wide = _wide(problem)
+    a, b = as_numpy(lhs), as_numpy(rhs)  # as stored: only the entries used are widened
     a = a.T if problem.transpose_a else a  # (m, k)
     b = np.swapaxes(b, -1, -2) if problem.transpose_b else b  # (k, n) or (groups, k, n)
     cast = (lambda x: x.astype(problem.out_dtype)) if is_integer(problem.out_dtype) else (lambda x: x)
     rng = np.random.default_rng(seed)
     sample = problem.m * problem.n * problem.k > host_max_macs and not _integer(problem)
-    pieces = []
     sizes_per_split = np.asarray(as_numpy(splits), np.int64)
+    shape = (len(sizes_per_split), *problem.out_shape)
     rows = problem.ragged_rows
     every = lambda size: _sample(size, SAMPLE_SIZE, rng) if sample else np.arange(size)  # noqa: E731
     host = [as_numpy(x) for x in operands]  # the epilogue's, in their role shapes over (m, n)
+    flat, pieces = [], []
+
+    def piece(index, exact, zero=False):
+        flat.append(np.ravel_multi_index(np.broadcast_arrays(*index), shape).ravel())
+        pieces.append((exact, zero))
 
     def in_context(exact, picked, cols):
         """A ragged m's exact rows ``picked`` x ``cols`` through the epilogue (float64)."""
@@ -176,28 +183,53 @@ def _grouped_reference(problem: MatmulProblem, lhs, rhs, splits, *operands, host
                 if end <= start:
                     continue  # an empty group has no rows to check
                 picked = start + every(end - start)
-                pieces.append((s, (picked[:, None], cols[None, :]),
-                               in_context(a[picked] @ b[g][:, cols], picked, cols), False))
+                exact = a[picked].astype(wide) @ b[g][:, cols].astype(wide)
+                piece((s, picked[:, None], cols[None, :]), in_context(exact, picked, cols))
             else:
                 picked = every(problem.m)
-                exact = a[picked, start:end] @ b[start:end][:, cols]
-                pieces.append((s, (g, picked[:, None], cols[None, :]), cast(exact), end <= start))
+                exact = a[picked, start:end].astype(wide) @ b[start:end][:, cols].astype(wide)
+                piece((s, g, picked[:, None], cols[None, :]), cast(exact), end <= start)
         if problem.ragged == "m" and ends[-1] < rows:  # rows in no group: zero (then the epilogue)
             left = ends[-1] + every(rows - ends[-1])
-            pieces.append((s, (left[:, None], cols[None, :]),
-                           in_context(np.zeros((left.size, cols.size)), left, cols), problem.epilogue.is_bare))
-    return GroupedReference((len(sizes_per_split), *problem.out_shape), tuple(pieces))
+            piece((s, left[:, None], cols[None, :]), in_context(np.zeros((left.size, cols.size)), left, cols),
+                  problem.epilogue.is_bare)
+    return GroupedReference(shape, np.concatenate(flat) if flat else np.zeros(0, np.int64), tuple(pieces))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_entries(shape: tuple, dtype: str, count: int, device):
+    def entries(out, flat):
+        return jnp.all(jnp.isfinite(out)), out.reshape(-1)[flat]
+    with jax.default_device(device):
+        return compile_lowered(jax.jit(entries).lower(jax.ShapeDtypeStruct(shape, dtype),
+                                                      jax.ShapeDtypeStruct((count,), jnp.int32)))
+
+
+def _grouped_entries(out, flat: np.ndarray) -> tuple[bool, np.ndarray]:
+    """Whether all of ``out`` is finite and its entries at ``flat``, gathered where ``out``
+    lives (an MoE's outputs on two splits run to gigabytes: only the entries travel)."""
+    if isinstance(out, jax.Array) and out.size < 2**31 and not is_integer(out.dtype):
+        summary = _compiled_entries(tuple(out.shape), str(out.dtype), flat.size, device_of(out))
+        with DEVICE_LOCK.shared():
+            finite, values = jax.device_get(summary(out, flat.astype(np.int32)))
+        return bool(finite), np.asarray(values)
+    host = as_numpy(out)
+    finite = is_integer(host.dtype) or bool(np.all(np.isfinite(host.astype(
+        np.complex128 if np.iscomplexobj(host) else np.float64))))
+    return finite, host.reshape(-1)[flat]
 
 
 def _check_grouped(out, ref: GroupedReference, tol: float) -> Check:
-    got_all = as_numpy(out)
-    if tuple(got_all.shape) != ref.shape:
+    if tuple(out.shape) != ref.shape:
         return Check(False, float("inf"), tol)
-    if not np.all(np.isfinite(got_all.astype(np.complex128 if np.iscomplexobj(got_all) else np.float64))):
+    finite, got_all = _grouped_entries(out, ref.flat)
+    if not finite:
         return Check(False, float("nan"), tol)
-    worst, ok = 0.0, True
-    for split, index, exact, zero in ref.pieces:
-        got = got_all[split][index].astype(np.float64)
+    got_all = got_all.astype(np.complex128 if np.iscomplexobj(got_all) else np.float64)
+    worst, ok, offset = 0.0, True, 0
+    for exact, zero in ref.pieces:
+        got = got_all[offset:offset + exact.size].reshape(exact.shape)
+        offset += exact.size
         if zero:
             error = 0.0 if not np.any(got) else float("inf")
         else:
