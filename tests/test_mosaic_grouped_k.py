@@ -233,3 +233,16 @@ def test_gpu_the_weight_gradient_of_a_grouped_matmul_through_autotune():
     got = jax.jit(jax.grad(jat.autotune(loss), argnums=1))(x, w, sizes)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert rel_error(np.asarray(got, np.float32), np.asarray(want, np.float32)) < _TOL["bfloat16"]
+
+
+@needs_mosaic
+def test_on_hopper_the_mosaic_kernels_run_first_and_the_dense_formulations_only_where_none_is_valid():
+    from jax_autotune.tuning.plan import make_plan
+    cset = ragged.ragged_candidate_set(H200)
+    up = MatmulProblem(1, 8192, 14336, 4096, "bfloat16", "bfloat16", "bfloat16", groups=8, ragged="m")
+    for problem, ours, dense in ((_weight_gradient(4096, 14336, 8192, 8), ragged.MOSAIC_GROUPED_K, {"padded"}),
+                                 (up, ragged.MOSAIC_GROUPED, {"padded", "masked"})):
+        rounds = make_plan(cset, problem.key(), H200).rounds
+        assert [c.name for c in rounds[0].candidates] == [c.name for c in ours]
+        assert rounds[0].tier > rounds[1].tier
+        assert {c.name.split("_")[1] for c in rounds[1].candidates} == dense

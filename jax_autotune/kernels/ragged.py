@@ -266,14 +266,20 @@ def served(candidate: Candidate, problem: MatmulProblem):
 
 
 def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
-    """XLA's ragged_dot (candidate 0), the dense formulations and, on a GPU, the Mosaic
-    grouped GEMMs: one group, so all are timed in one round (a candidate the key's device
-    does not support is demoted by the planner)."""
+    """XLA's ragged_dot (candidate 0), then one group in two tiers: on a GPU the Mosaic
+    grouped GEMMs, and the dense formulations, timed only where none of those is valid
+    for the key (on an H200 they lost to every valid Mosaic kernel, several times over,
+    and timing them cost seconds per large key: benchmarks/results/moe_suite_2026-12-03_0f99d14.md);
+    a candidate the key's device does not support is demoted by the planner.
+
+        >>> [(r.tier, [c.name for c in r.candidates]) for r in make_plan(cset, key, device).rounds]
+    """
     builder = CandidateSetBuilder(device.platform, device.device_kind)
     builder.add(XLA_RAGGED_DOT)
     dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
-    kernels = (MASKED_DENSE, PADDED_DENSE) + (MOSAIC_GROUPED + MOSAIC_GROUPED_K if device.platform == "gpu" else ())
-    for candidate in kernels:
+    for candidate in MOSAIC_GROUPED + MOSAIC_GROUPED_K if device.platform == "gpu" else ():
+        builder.add(candidate, dense, lambda key: 2)
+    for candidate in (MASKED_DENSE, PADDED_DENSE):
         builder.add(candidate, dense, lambda key: 1)
     return builder.build()
 
