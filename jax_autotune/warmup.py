@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 import jax
 import jax.numpy as jnp
 
+from jax_autotune.columns import aligned
 from jax_autotune.errors import NoTunedMatmulWarning
 from jax_autotune.tuning.decision import Decision
 import jax_autotune.config as config
@@ -107,13 +108,19 @@ class WarmupReport:
         return sum(1 for e in self.entries if e.source == source)
 
     def __str__(self) -> str:
+        """One line per key tuned: ``problem``, the warmed shape (real sizes; its key, as
+        ``jax-autotune show`` prints it, buckets them), its epilogue after ``|``;
+        ``winner``; ``us`` the winner's time and ``xla us`` XLA's own op's, in
+        microseconds; ``source`` where the decision came from (tuned, memory, store,
+        fallback); ``why`` the reason a key runs XLA's op without a benchmark. Then the
+        program check, where there was one."""
         def us(seconds):
-            return f"{seconds * 1e6:10.1f}" if seconds else f"{'-':>10}"
+            return f"{seconds * 1e6:.1f}" if seconds else "-"
 
-        lines = [f"{'problem':<36} {'winner':<40} {'us':>10} {'xla us':>10} {'source':<8} why"]
-        for e in self.entries:
-            lines.append(f"{e.problem.describe():<36} {e.winner:<40} {us(e.winner_seconds)} "
-                         f"{us(e.xla_seconds)} {e.source:<8} {e.reason}".rstrip())
+        cells = [("problem", "winner", "us", "xla us", "source", "why")] + [
+            (e.problem.describe(), e.winner, us(e.winner_seconds), us(e.xla_seconds), e.source, e.reason)
+            for e in self.entries]
+        lines = aligned(cells, right={2, 3})
         if not self.entries:
             lines.append("(no tuned matmul: nothing to tune)")
         if self.program is not None:

@@ -58,14 +58,37 @@ def test_show_prints_one_line_per_decision_with_the_winner_and_the_speedup(tuner
     assert f"device {tuner.device.fingerprint}: 2 decisions" in out
     rows = [line for line in out.splitlines() if key_id(PROBLEM_A.key()) in line]
     assert len(rows) == 1
-    for expected in ("fast", "1.00s", "3.00s", "3.00x", "ok=3"):
+    for expected in ("fast", "1.00s", "3.00s", "3.00x"):
         assert expected in rows[0]
+    assert "ok=3" not in rows[0]  # samples and outcomes: --wide
+    _, out, _ = run(capsys, "show", "--wide")
+    (row,) = [line for line in out.splitlines() if key_id(PROBLEM_A.key()) in line]
+    assert row.split()[-2:] == ["3", "ok=3"] and "fast" in row
+
+
+def test_show_fits_100_columns_cutting_the_winner_then_the_key_and_wide_cuts_nothing(tuner, capsys,
+                                                                                     monkeypatch):
+    from jax_autotune.cli import table as cli_table
+    long_key = dataclasses.replace(PROBLEM_A, epilogue=Epilogue.parse(
+        "row:float32|add(y,$0);tanh(%0);mul(%1,$0);logistic(%2);add(%3,$0)"))
+    tuner.select(long_key)
+    rows = cli_table._current_table().summary_rows()
+    rows = [dataclasses.replace(r, winner="ragged_k_mosaic_gemm_bm128_bn128_bk64_st4_gn8") for r in rows]
+    narrow = cli_table.show_lines(rows)
+    assert max(len(line) for line in narrow) <= 100
+    (cut,) = [line for line in narrow if line.startswith(key_id(long_key.key()))]
+    key_cell, winner_cell = cut.split("  ")[1:3]
+    assert winner_cell.strip() == "ragged_k_mosaic_gemm_bm12…" and key_cell.rstrip().endswith("…")
+    wide = cli_table.show_lines(rows, wide=True)
+    (whole,) = [line for line in wide if line.startswith(key_id(long_key.key()))]
+    assert long_key.key().describe() in whole and "ragged_k_mosaic_gemm_bm128_bn128_bk64_st4_gn8" in whole
+    assert max(len(line) for line in wide) > 100
 
 
 def test_show_and_explain_print_a_context_keys_epilogue(tuner, capsys):
     in_context = dataclasses.replace(PROBLEM_A, epilogue=Epilogue.parse("row:float32|add(y,$0);tanh(%0)"))
     tuner.select(in_context)
-    _, out, _ = run(capsys, "show")
+    _, out, _ = run(capsys, "show", "--wide")
     assert "16x8x16 float32 NN DEFAULT | add(y,row) > tanh" in out
     code, out, _ = run(capsys, "explain", key_id(in_context.key()))
     assert code == 0 and "epilogue=row:float32|add(y,$0);tanh(%0)" in out

@@ -2,8 +2,8 @@
 
 Each block that is not a ``# file:`` block runs alone in a fresh namespace (what a fresh
 interpreter gives it), in a folder that holds the README's ``# file:`` modules (so
-``from model import ...`` works) and the tune tables a block loads as the reader's own
-(``TABLES_OF_OTHER_MACHINES``), with a fresh tune store and a short tuning budget. The
+``from model import ...`` works) and nothing else (a table a block loads, it makes), with
+a fresh tune store and a short tuning budget. The
 ``# file:`` blocks are one program, which ``test_checkpoint.py`` runs end to end in fresh
 processes. A block marked ``<!-- not run: REASON -->`` is skipped with that reason.
 """
@@ -12,12 +12,10 @@ import sys
 
 import pytest
 
-import jax_autotune as jat
 from jax_autotune import config
 
 import readme
 
-TABLES_OF_OTHER_MACHINES = ("h200.json", "a100.json")  # what the tables block merges
 BLOCKS = [b for b in readme.blocks() if b.file is None]
 
 
@@ -34,8 +32,6 @@ def test_a_readme_block_runs_as_pasted(block, fresh_tuning, tmp_path, monkeypatc
     folder.mkdir()
     for name, code in readme.files().items():
         (folder / name).write_text(code)
-    for name in TABLES_OF_OTHER_MACHINES:
-        jat.table().save(folder / name)
     monkeypatch.chdir(folder)
     monkeypatch.syspath_prepend(str(folder))
     for name in readme.files():  # a module of the README's program, imported fresh here

@@ -17,7 +17,24 @@ import re
 from importlib import metadata
 
 from jax_autotune._version import __version__
+from jax_autotune.columns import LINE_WIDTH
 from jax_autotune.key import Level
+
+SHOW_HELP = f"""One line per tuned decision, a block per device:
+  id        the decision's id (`jax-autotune explain ID` prints all of it)
+  key       its key: sizes bucketed (one key serves every shape of its bucket),
+            dtypes, layouts (N/T), precision, grouping, epilogue
+  winner    the kernel that runs the key
+  time      the winner's time; xla_dot: XLA's own op's (its dot; for a grouped
+            matmul its ragged_dot); speedup: xla_dot / time
+  roofline  the roofline limit over the winner's time. The limit is the time the
+            key's operations and bytes take at the device's measured peaks, over
+            the tuning level's threshold, plus the launch overhead; 1.00x or more
+            is within it, and a small key, whose limit is mostly launch overhead,
+            reads far above 1
+  samples   the winner's kept timings (--wide)
+  outcomes  every candidate's outcome, counted (--wide)
+Lines are cut to {LINE_WIDTH} characters (the winner, then the key, ending in …)."""
 
 EXIT_STATUS = ("exit status: 0 done, 1 the store cannot be used (clear: or the deletion was not "
                "confirmed), 2 a bad argument")
@@ -133,11 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     shapes.set_defaults(handler=("shapes", "run"))
 
-    show = commands.add_parser("show", epilog=EXIT_STATUS, help="list tuned decisions",
-                               description="One line per decision: winner, its time, XLA's "
-                                           "time, speedup, roofline fraction, samples, outcomes.")
+    show = commands.add_parser(
+        "show", epilog=EXIT_STATUS, help="list tuned decisions", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=SHOW_HELP)
     _device_argument(show, "only this device's decisions")
     show.add_argument("--key", default=None, help="only keys containing this text (or this id)")
+    show.add_argument("--wide", action="store_true",
+                      help=f"every column, nothing cut (default: lines of {LINE_WIDTH} characters at most)")
     show.set_defaults(handler=("table", "run_show"))
 
     explain = commands.add_parser("explain", epilog=EXIT_STATUS, help="every candidate of one decision")

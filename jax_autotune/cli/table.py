@@ -27,6 +27,7 @@ import os
 import sys
 
 import jax_autotune.config as config
+from jax_autotune.columns import LINE_WIDTH, aligned, fitted
 from jax_autotune.kernels.gpu import cublaslt
 from jax_autotune.tables.install import (clear_decisions, install_table, read_table, stored_devices,
                                          table)
@@ -59,27 +60,39 @@ def _outcomes(counts: dict[str, int]) -> str:
 
 SHOW_COLUMNS = ("id", "key", "winner", "time", "xla_dot", "speedup", "roofline", "samples",
                 "outcomes")
+_NARROW = SHOW_COLUMNS.index("samples")  # the columns shown without --wide: up to roofline
+_NUMBERS = {SHOW_COLUMNS.index(name) for name in ("time", "xla_dot", "speedup", "roofline", "samples")}
+# cut to fit: the winner to 26 characters first (``explain`` names it whole), then the key
+_CUT = ((SHOW_COLUMNS.index("winner"), 26), (SHOW_COLUMNS.index("key"), 12))
 
 
-def show_lines(rows: list[SummaryRow]) -> list[str]:
+def show_lines(rows: list[SummaryRow], wide: bool = False) -> list[str]:
     """The text table ``jax-autotune show`` prints, one block per device.
 
-    ``roofline`` is the roofline limit (or floor) over the winner's time: >= 1.00x means
-    inside the limit; ``samples`` counts the winner's kept timings.
+    ``key`` is the decision's key: its sizes bucketed (one key serves every shape of its
+    bucket), its dtypes, layouts (N/T), precision, grouping and epilogue. ``time`` is the
+    winner's, ``xla_dot`` XLA's own op's (its dot; for a grouped key its ragged_dot),
+    ``speedup`` their ratio. ``roofline`` is the roofline limit (or floor) over the
+    winner's time: >= 1.00x means inside the limit, below it the winner is that fraction of
+    the hardware's peak for the key. ``samples`` counts the winner's kept timings,
+    ``outcomes`` every candidate's. Lines fit ``columns.LINE_WIDTH`` characters (the winner, then
+    the key cut, ending in ``…``), without ``samples`` and ``outcomes``; ``wide``: every
+    column, nothing cut.
     """
     if not rows:
         return ["no tuned decisions (tune with jax_autotune.warmup or import a table)"]
     lines: list[str] = []
+    shown = len(SHOW_COLUMNS) if wide else _NARROW
     for device in dict.fromkeys(row.device for row in rows):
-        cells = [SHOW_COLUMNS] + [
+        cells = [SHOW_COLUMNS[:shown]] + [
             (row.key_id, row.shape, row.winner, format_seconds(row.winner_seconds),
              format_seconds(row.xla_seconds), _ratio(row.speedup), _ratio(row.roofline_fraction),
-             str(row.samples), _outcomes(row.outcomes))
+             str(row.samples), _outcomes(row.outcomes))[:shown]
             for row in rows if row.device == device]
         if lines:
             lines.append("")
         lines.append(f"device {device}: {len(cells) - 1} decisions")
-        lines.extend(_aligned(cells))
+        lines.extend(aligned(cells if wide else fitted(cells, LINE_WIDTH, _CUT), right=_NUMBERS))
     return lines
 
 
@@ -122,13 +135,7 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
     if len(cells) == 1:
         lines.append("candidates none recorded (no benchmark ran for this key)")
         return lines
-    return [*lines, "", *_aligned(cells)]
-
-
-def _aligned(cells: list[tuple[str, ...]]) -> list[str]:
-    """Rows of cells as lines, each column padded to its widest cell."""
-    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    return [*lines, "", *aligned(cells)]
 
 
 # ---------------------------------------------------------------- commands
@@ -237,7 +244,7 @@ def run_show(args) -> int:
         print(f"no stored decisions: {memory_only_setting()} keeps decisions in memory only, "
               f"so none outlive the process that tuned them")
         return 0
-    for line in show_lines(rows):
+    for line in show_lines(rows, wide=args.wide):
         print(line)
     return 0
 
