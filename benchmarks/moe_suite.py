@@ -150,11 +150,13 @@ def timed_us(fns, args) -> tuple[str, list[float]]:
 
 
 def decision_summary(decision) -> dict:
-    """A grouped key's winner and each candidate's outcome, score (s) and error."""
+    """A grouped key's winner, where its tuning time went, and each candidate's outcome,
+    score (s), samples, compile seconds and error."""
     return {"key": decision.key.canonical(), "winner": decision.winner, "source": decision.source,
-            "reason": (decision.reason or "")[:400],
-            "results": [{"name": r.name, "outcome": r.outcome, "score": r.score, "error": r.error[:200]}
-                        for r in decision.results]}
+            "reason": (decision.reason or "")[:400], "tuning_seconds": round(decision.tuning_seconds, 2),
+            "phase_seconds": decision.bounds.get("phase_seconds"),
+            "results": [{"name": r.name, "outcome": r.outcome, "score": r.score, "samples": len(r.samples),
+                         "compile_seconds": r.compile_seconds, "error": r.error[:200]} for r in decision.results]}
 
 
 def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
