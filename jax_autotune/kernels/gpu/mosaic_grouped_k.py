@@ -153,7 +153,7 @@ def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKC
                     masked(lhs_smem, keep)
                     masked(rhs_smem, keep)
                     plgpu.commit_smem()
-            plgpu.wgmma(acc_ref, plgpu.transpose_ref(lhs_smem, (1, 0)), rhs_smem)
+            plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
             if not release:  # no delayed release: the slot is reused at once
                 plgpu.wgmma_wait(0)
 
