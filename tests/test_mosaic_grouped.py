@@ -15,6 +15,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
 from cross_lowering import cuda_text, custom_calls
+from group_trials import group_trials
 from numerics import rel_error
 
 needs_mosaic = pytest.mark.skipif(not mgr.AVAILABLE, reason=f"Mosaic GPU unavailable: {mgr.IMPORT_ERROR}")
@@ -71,10 +72,7 @@ def test_configs_that_split_m_or_store_part_of_the_rows_are_refused():
 
 
 def test_tile_table_covers_every_row_once_with_its_group():
-    rng = np.random.default_rng(0)
-    for trial in range(200):
-        m, groups, tile_m = int(rng.integers(1, 700)), int(rng.integers(1, 9)), int(rng.choice([64, 128]))
-        sizes = rng.integers(0, 2 * m // groups + 2, groups)  # sums below and above m, empty groups
+    for m, groups, tile_m, sizes in group_trials():
         table = np.asarray(mgr.tile_table(jnp.asarray(sizes, jnp.int32), m, tile_m))
         ends = np.minimum(np.cumsum(sizes), m)
         starts = np.concatenate([[0], ends[:-1]])

@@ -16,6 +16,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
 from cross_lowering import cuda_text, custom_calls
+from group_trials import group_trials
 from numerics import rel_error
 
 needs_mosaic = pytest.mark.skipif(not mk.AVAILABLE, reason=f"Mosaic GPU unavailable: {mk.IMPORT_ERROR}")
@@ -57,10 +58,7 @@ def test_a_config_past_shared_memory_is_refused():
 
 
 def test_group_table_covers_each_group_with_the_fewest_blocks():
-    rng = np.random.default_rng(0)
-    for trial in range(200):
-        k, groups, block_k = int(rng.integers(1, 700)), int(rng.integers(1, 9)), int(rng.choice([64, 128]))
-        sizes = rng.integers(0, 2 * k // groups + 2, groups)  # sums below and above k, empty groups
+    for trial, (k, groups, block_k, sizes) in enumerate(group_trials()):
         size, start, end, blocks, first = np.asarray(mk.group_table(jnp.asarray(sizes, jnp.int32), k, block_k))
         ends = np.minimum(np.cumsum(sizes), k)
         np.testing.assert_array_equal(end, ends)
