@@ -39,7 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune.kernels.gpu.mosaic_gemm import AVAILABLE, H100_SMS, HALF_DTYPES, IMPORT_ERROR, Unsupported, pl, plgpu
+from jax_autotune.kernels.gpu import mosaic_gemm as mg
+from jax_autotune.kernels.gpu.mosaic_gemm import (AVAILABLE, H100_SMS, HALF_DTYPES, IMPORT_ERROR, SHARED_MEMORY_LIMIT,
+                                                  Unsupported, pl, plgpu)
 from jax_autotune.kernels.groups import group_bounds
 
 # the group table's rows, one column per group
@@ -73,7 +75,6 @@ GROUPED_K_CONFIGS = (
     GroupedKConfig(64, 128, 64, 5, 8),
     GroupedKConfig(128, 64, 64, 5, 8),
 )
-SHARED_MEMORY_LIMIT = 227 * 1024
 
 
 def supports_grouped_k(m: int, n: int, k: int, dtype: str, *, out_dtype: str | None = None,
@@ -120,8 +121,8 @@ def group_table(group_sizes, k: int, block_k: int):
 
 
 def _transforms(block_minor: int, dtype) -> tuple:
-    swizzle = plgpu.find_swizzle(block_minor * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
+    """``mosaic_gemm``'s shared-memory tiling, with the swizzle of a ``block_minor``-wide row."""
+    return mg._smem_transforms(plgpu.find_swizzle(block_minor * jnp.dtype(dtype).itemsize * 8), dtype)
 
 
 def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKConfig):
