@@ -197,6 +197,7 @@ def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
 
 def _peer_child(peer: str, cases: list) -> None:
     """In a child: one JSON line per (case, split) with the peer's bare forward time."""
+    del sys.argv[1:]  # tokamax's absl flags parse sys.argv and reject this child's own flags
     for name, experts, m, k, n, split in cases:
         row: dict = {"case": [name, split]}
         try:
