@@ -201,32 +201,46 @@ def _peer_child(peer: str, cases: list) -> None:
     for name, experts, m, k, n, split in cases:
         row: dict = {"case": [name, split]}
         try:
-            row["us"] = (_torch_grouped_us if peer == "torch" else _tokamax_us)(
-                Case(name, experts, m, k, n), split)
+            row.update((_torch_grouped_us if peer == "torch" else _tokamax_us)(
+                Case(name, experts, m, k, n), split))
         except Exception as err:  # noqa: BLE001
             row["error"] = f"{type(err).__name__}: {err}"[:200]
         print(json.dumps(row), flush=True)
 
 
-def _torch_grouped_us(case: Case, split: str) -> float:
+def _torch_grouped_us(case: Case, split: str) -> dict:
     import torch
     if not hasattr(torch, "_grouped_mm"):
         raise RuntimeError(f"torch {torch.__version__} has no _grouped_mm")
     x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(case.experts, case.k, case.n, device="cuda", dtype=torch.bfloat16)
     offsets = torch.tensor(group_sizes(case, split), device="cuda").cumsum(0).to(torch.int32)
-    return peers.torch_kernel_us(lambda: torch._grouped_mm(x, w, offs=offsets))
+    return {"us": peers.torch_kernel_us(lambda: torch._grouped_mm(x, w, offs=offsets))}
 
 
-def _tokamax_us(case: Case, split: str) -> float:
+TOKAMAX_IMPLEMENTATIONS = (None, "mosaic", "triton")  # its default pick first
+
+
+def _tokamax_us(case: Case, split: str) -> dict:
+    """tokamax's fastest implementation that runs here (its default can fail on a jax
+    newer than it), and what the others raised."""
     import jax
     import jax.numpy as jnp
     import tokamax
     x = jax.random.normal(jax.random.key(0), (case.m, case.k), jnp.bfloat16)
     w = jax.random.normal(jax.random.key(1), (case.experts, case.k, case.n), jnp.bfloat16)
     sizes = jnp.asarray(group_sizes(case, split))
-    fn = jax.jit(lambda x, w, s: tokamax.ragged_dot(x, w, s))
-    return peers.interleaved_device_us([fn], (x, w, sizes))[0]
+    timed, failed = {}, {}
+    for impl in TOKAMAX_IMPLEMENTATIONS:
+        try:
+            fn = jax.jit(lambda x, w, s, impl=impl: tokamax.ragged_dot(x, w, s, implementation=impl))
+            timed[str(impl)] = peers.interleaved_device_us([fn], (x, w, sizes))[0]
+        except Exception as err:  # noqa: BLE001 - one implementation failing is reported
+            failed[str(impl)] = f"{type(err).__name__}: {err}"[:120]
+    if not timed:
+        raise RuntimeError("; ".join(f"{k}: {v}" for k, v in failed.items()))
+    best = min(timed, key=timed.get)
+    return {"us": timed[best], "implementation": best, "timed": timed, "failed": failed}
 
 
 def peer_rows(peer: str, cases: list[Case], timeout_s: float) -> dict:
@@ -271,6 +285,11 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
         errors = sorted({row["error"] for row in found.values() if "error" in row})
         if errors or not found:
             lines.append(f"- {peer}: " + ("; ".join(errors) if errors else "no result (the child failed)"))
+        picked = sorted({row["implementation"] for row in found.values() if "implementation" in row})
+        failed = sorted({f"{k}: {v}" for row in found.values() for k, v in row.get("failed", {}).items()})
+        if picked:
+            lines.append(f"- {peer}: the fastest implementation that ran ({', '.join(picked)})"
+                         + (f"; failed: {'; '.join(failed)}" if failed else ""))
     return "\n".join(lines) + "\n"
 
 
