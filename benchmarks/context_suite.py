@@ -1,7 +1,7 @@
 """Matmuls in the context a model runs them: plain, tuned and Inductor, bare and with the epilogue.
 
     python benchmarks/context_suite.py --out benchmarks/results [--phase all|inductor|jax]
-        [--inductor-case-budget-s 120] [--cases NAME,NAME]
+        [--inductor-case-budget-s 120] [--cases "NAME;NAME"] [--misaligned]
 
 Each case is a matmul and the ops a model puts after it (bias, residual, activation,
 convert, the reduction of a loss), measured two ways, side by side in one process:
@@ -147,8 +147,9 @@ def inductor_child(name: str, in_context: bool) -> None:
     print(json.dumps({"us": peers.torch_kernel_us(lambda: compiled(*args)), "tune_s": tune_s}), flush=True)
 
 
-def run_inductor(cases: list[Case], budget_s: float) -> dict:
-    """{case name: {'bare': {...}, 'context': {...}}}, each {'us', 'tune_s'} or {'error'}."""
+def run_inductor(cases: list[Case], budget_s: float, on_row=lambda found: None) -> dict:
+    """{case name: {'bare': {...}, 'context': {...}}}, each {'us', 'tune_s'} or {'error'};
+    ``on_row(found)`` after each child, so that a run cut short keeps what it measured."""
     found: dict = {}
     for c in cases:
         for variant in ("bare", "context"):
@@ -161,6 +162,7 @@ def run_inductor(cases: list[Case], budget_s: float) -> dict:
             except subprocess.TimeoutExpired:
                 row = {"error": f"no result within its budget of {budget_s:.0f} s"}
             found.setdefault(c.name, {})[variant] = row
+            on_row(found)
             print(json.dumps({"inductor": c.name, variant: row}), flush=True)
     return found
 
@@ -267,19 +269,21 @@ def main() -> None:
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="of the runs to join")
     parser.add_argument("--commit", default="", help="the commit the runs measured, for the report")
     parser.add_argument("--inductor-case-budget-s", type=float, default=120.0)
-    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--cases", default="", help="case names separated by ';' (default: all)")
+    parser.add_argument("--misaligned", action="store_true", help="only the cases with a misaligned size")
     parser.add_argument("--inductor-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inductor_child:
         inductor_child(args.inductor_child[0], args.inductor_child[1] == "context")
         return
-    chosen = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
+    chosen = [c for c in CASES if (not args.cases or c.name in args.cases.split(";"))
+              and (c.misaligned or not args.misaligned)]
     stem = os.path.join(args.out, f"context_suite_{args.date}")
     command = "python benchmarks/context_suite.py " + " ".join(sys.argv[1:])
     os.makedirs(args.out, exist_ok=True)
     if args.phase in ("all", "inductor"):
-        _dump(f"{stem}_inductor.json", {"inductor": run_inductor(chosen, args.inductor_case_budget_s),
-                                        "command": command})
+        run_inductor(chosen, args.inductor_case_budget_s,
+                     lambda found: _dump(f"{stem}_inductor.json", {"inductor": found, "command": command}))
     if args.phase in ("all", "jax"):
         os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="context_suite_"))
         import jax
