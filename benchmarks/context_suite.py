@@ -169,7 +169,7 @@ def run_inductor(cases: list[Case], budget_s: float, on_row=lambda found: None) 
 
 # ---------------------------------------------------------------- JAX: plain and tuned
 
-def run_jax(cases: list[Case]) -> list[dict]:
+def run_jax(cases: list[Case], on_row=lambda rows: None) -> list[dict]:
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -208,6 +208,7 @@ def run_jax(cases: list[Case]) -> list[dict]:
         diff = jnp.linalg.norm((tuned_out.astype(jnp.float32) - plain_out.astype(jnp.float32)).ravel())
         row["context_rel_diff"] = float(diff / jnp.linalg.norm(plain_out.astype(jnp.float32).ravel()))
         rows.append(row)
+        on_row(rows)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("decisions")}), flush=True)
     return rows
 
@@ -287,7 +288,8 @@ def main() -> None:
     if args.phase in ("all", "jax"):
         os.environ.setdefault("JAX_AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="context_suite_"))
         import jax
-        _dump(f"{stem}_jax.json", {"rows": run_jax(chosen), "jax": jax.__version__, "command": command})
+        run_jax(chosen, lambda rows: _dump(f"{stem}_jax.json", {"rows": rows, "jax": jax.__version__,
+                                                               "command": command}))
     if args.phase in ("all", "report"):
         jax_side, inductor_side = _load(f"{stem}_jax.json"), _load(f"{stem}_inductor.json")
         commands = "`, `".join(dict.fromkeys(s["command"] for s in (jax_side, inductor_side) if s.get("command")))
