@@ -27,6 +27,9 @@ a lowering runs it on one split (``served``).
   ``mosaic_grouped_k.GROUPED_K_CONFIGS``): our Mosaic GPU grouped GEMM over each group's
   k rows (``kernels/gpu/mosaic_grouped_k.py``), the groups' FLOPs only, every split
   in-kernel; where the stored problem is not served, ``xla_ragged_dot``.
+* ``ragged_tokamax_<implementation>`` (GPUs where tokamax is installed; "mosaic" and, where
+  this jax ships Pallas's Triton backend, "triton"): ``tokamax.ragged_dot_general`` with
+  that implementation alone (``kernels/gpu/tokamax_ragged.py``), ragged m or k.
 
     >>> cset = ragged_candidate_set(device)
     >>> cset.names()          # a CPU device; a Hopper GPU adds the *mosaic_gemm_* ones
@@ -42,7 +45,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_autotune.key import MatmulKey
-from jax_autotune.kernels.gpu import mosaic_grouped, mosaic_grouped_k
+from jax_autotune.kernels.gpu import mosaic_grouped, mosaic_grouped_k, tokamax_ragged
 from jax_autotune.kernels.groups import group_bounds
 from jax_autotune.kernels.gpu.mosaic_gemm import shared_memory_bytes
 from jax_autotune.kernels.xla import lax_precision
@@ -233,6 +236,23 @@ def _supports_mosaic_k(config):
     return supports
 
 
+def tokamax_one(implementation: str):
+    """``one`` of a split for tokamax's ``implementation`` on lax's own dimension numbers."""
+    run = tokamax_ragged.tokamax_one(implementation)
+
+    def one(lhs, rhs, group_sizes, problem: MatmulProblem):
+        out = run(lhs, rhs, group_sizes, ragged_dimension_numbers(problem), _dot_options(problem))
+        return out.astype(problem.out_dtype)
+    return one
+
+
+def _supports_tokamax(implementation: str):
+    def supports(device: DeviceInfo, key: MatmulKey) -> bool:
+        return (device.platform == "gpu" and tokamax_ragged.implementation_available(implementation)
+                and _grouped(key) and key.rhs_dtype == key.lhs_dtype)
+    return supports
+
+
 XLA_RAGGED_DOT = Candidate(XLA_RAGGED_NAME, _each_split(xla_ragged_one), params={"family": "xla_ragged"})
 MASKED_DENSE = Candidate("ragged_masked_dense", _each_split(masked_one),
                          params={"family": "masked_dense", "max_groups": MASKED_MAX_GROUPS},
@@ -250,6 +270,11 @@ MOSAIC_GROUPED_K = tuple(
               params={"family": "ragged_k_mosaic_gemm", **dataclasses.asdict(config)},
               supports=_supports_mosaic_k(config))
     for config in mosaic_grouped_k.GROUPED_K_CONFIGS)
+TOKAMAX = tuple(
+    Candidate(f"ragged_tokamax_{implementation}", _each_split(tokamax_one(implementation)),
+              params={"family": "tokamax", "implementation": implementation},
+              supports=_supports_tokamax(implementation))
+    for implementation in tokamax_ragged.IMPLEMENTATIONS)
 
 
 def served(candidate: Candidate, problem: MatmulProblem):
@@ -267,10 +292,12 @@ def served(candidate: Candidate, problem: MatmulProblem):
 
 def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
     """XLA's ragged_dot (candidate 0), then one group in two tiers: on a GPU the Mosaic
-    grouped GEMMs, and the dense formulations, timed only where none of those is valid
-    for the key (on an H200 they lost to every valid Mosaic kernel, several times over,
-    and timing them cost seconds per large key: benchmarks/results/moe_suite_2026-12-03_0f99d14.md);
-    a candidate the key's device does not support is demoted by the planner.
+    grouped GEMMs, and the dense formulations and tokamax's kernels, timed only where none
+    of those is valid for the key (on an H200 the dense ones lost to every valid Mosaic
+    kernel, several times over, and timing them cost seconds per large key:
+    benchmarks/results/moe_suite_2026-12-03_0f99d14.md; tokamax's took 1.3-2.1x our time:
+    moe_suite_2026-12-03.md); a candidate the key's device does not support (tokamax not
+    installed, say) is demoted by the planner, so the set is the same with or without it.
 
         >>> [(r.tier, [c.name for c in r.candidates]) for r in make_plan(cset, key, device).rounds]
     """
@@ -279,10 +306,11 @@ def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
     dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
     for candidate in MOSAIC_GROUPED + MOSAIC_GROUPED_K if device.platform == "gpu" else ():
         builder.add(candidate, dense, lambda key: 2)
-    for candidate in (MASKED_DENSE, PADDED_DENSE):
+    lower = (MASKED_DENSE, PADDED_DENSE) + (TOKAMAX if device.platform == "gpu" else ())
+    for candidate in lower:
         builder.add(candidate, dense, lambda key: 1)
     return builder.build()
 
 
-__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "MOSAIC_GROUPED_K",
+__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "MOSAIC_GROUPED_K", "TOKAMAX",
            "ragged_candidate_set", "served", "ragged_dimension_numbers", "xla_ragged_one", "capacity"]
