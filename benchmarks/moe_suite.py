@@ -10,7 +10,9 @@ geometrically, the last eighth of the experts empty). Each is measured in three 
 * backward: the forward and both gradients (``jax.grad`` of a weighted sum, wrt x and w).
 Variants, side by side in one process: XLA (``jax.jit`` of the lax function), tuned
 (``jax.jit(jat.autotune(fn))``, the same function unchanged) and a dense matmul of the same
-FLOPs (the floor to aim at: (m, k) x (k, n), in the same mode). Device time of all the
+FLOPs ((m, k) x (k, n), in the same mode), and the memory floor: every array moved once at the
+HBM's specified bandwidth, the experts' weights included, which bounds a case with many small
+experts above the dense matmul's time. Device time of all the
 kernels of one call: CUPTI, median of 3 rounds of 20 runs; where CUPTI cannot follow a
 program (the ``timer`` column says "wall"), the median wall time of 20 waited-for runs. The tuned result is
 compared with XLA's (max relative error) in every row. Peers in a child process each:
@@ -36,7 +38,10 @@ from report import geomean, write_results  # noqa: E402
 
 MODES = ("bare", "swiglu", "backward")
 SPLITS = ("equal", "skewed")
-FLOP_FACTOR = {"bare": 1, "swiglu": 2, "backward": 3}  # ragged products per call
+# products per call; backward: both gradients only, the loss being linear in the forward's
+# result, XLA drops the forward product (so did the dense matmul's 675 TFLOP/s on an H200)
+FLOP_FACTOR = {"bare": 1, "swiglu": 2, "backward": 2}
+HBM_BYTES_PER_S = 4.8e12  # an H200's HBM3e, as specified
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,17 @@ class Case:
 
     def flops(self, mode: str) -> float:
         return 2.0 * self.m * self.k * self.n * FLOP_FACTOR[mode]
+
+    def floor_bytes(self, mode: str, itemsize: int = 2) -> float:
+        """What a call must move at least: each array once, every expert's weights included
+        (the dense matmul of the same FLOPs reads one expert's). bare: x, W, y; swiglu: x, two
+        W, y; backward: dy, W and dx (the input gradient), x and dW (the weight gradient)."""
+        x, w, y = self.m * self.k, self.experts * self.k * self.n, self.m * self.n
+        elements = {"bare": x + w + y, "swiglu": x + 2 * w + y, "backward": 2 * x + y + 2 * w}[mode]
+        return float(elements * itemsize)
+
+    def memory_floor_us(self, mode: str) -> float:
+        return self.floor_bytes(mode) / HBM_BYTES_PER_S * 1e6
 
 
 CASES = [
@@ -263,8 +279,9 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
             continue
         lines += [f"## {mode}", "",
                   "| case | experts | m x k x n | split | XLA us | tuned us | dense us | torch us | tokamax us "
-                  "| XLA / tuned | tuned TFLOP/s | tuned / dense speed | tuned first call s | max rel err | timer |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| XLA / tuned | tuned TFLOP/s | tuned / dense speed | memory floor us | floor / tuned "
+                  "| tuned first call s | max rel err | timer |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mode_rows:
             case = next(c for c in CASES if c.name == r["case"])
             peer = {p: peer_found[p].get((r["case"], r["split"]), {}) if mode == "bare" else {}
@@ -276,7 +293,8 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
                 f"| {_us(tuned)} | {_us(dense_us)} | {_us(peer.get('torch', {}).get('us'))} "
                 f"| {_us(peer.get('tokamax', {}).get('us'))} | {f'{xla / tuned:.2f}' if ok else '-'} "
                 f"| {f'{case.flops(mode) / tuned / 1e6:.0f}' if ok else '-'} "
-                f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {r.get('tuned_first_call_s', '-')} "
+                f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {case.memory_floor_us(mode):.1f} "
+                f"| {f'{case.memory_floor_us(mode) / tuned:.2f}' if tuned else '-'} | {r.get('tuned_first_call_s', '-')} "
                 f"| {r.get('tuned_max_rel_error', r.get('error', '-'))} | {r.get('timer', '-')} |")
         done = [r for r in mode_rows if r.get("tuned_us") and r.get("xla_us")]
         lines += ["", f"Geomean XLA / tuned: {geomean([r['xla_us'] / r['tuned_us'] for r in done]):.2f}; "
