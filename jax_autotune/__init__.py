@@ -13,8 +13,8 @@ first use, so orbax stays optional.
 
 Importing the package is light, so that the command line starts without jax: the public
 names (``_public``) load on the first use of one, or at once when jax is already imported
-(``import jax, jax_autotune``), which costs little then; loading them is also what points
-JAX's compilation cache beside the store.
+(``import jax, jax_autotune``), which costs little then. Neither changes anything in JAX:
+the tuner's first use points JAX's compilation cache beside the store (``registry``).
 """
 
 import logging

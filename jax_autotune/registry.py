@@ -4,10 +4,10 @@
 facts (``tuning.device``), the family's candidate set (``kernels.cpu`` on CPUs,
 ``kernels.gpu`` on GPUs, XLA's dot alone elsewhere) and the configured store. When
 ``cache``, ``cache_dir``, ``environment`` or ``store`` change, the tuner switches to that
-store. With a disk store (SQLite or directory) and ``compilation_cache`` on, JAX's
-persistent compilation cache is pointed beside the store (``tuning.compile_cache``) when
-this module is imported, so that every program of the process, not only the matmuls, is
-served from it in the next process.
+store. With a disk store (SQLite or directory), ``compilation_cache`` on and ``mode`` not
+off, JAX's persistent compilation cache is pointed beside the store
+(``tuning.compile_cache``) the first time a tuner is asked for (a tuned matmul lowering,
+``warmup``, a table loaded), never at import: importing the package changes nothing in JAX.
 
     >>> from jax_autotune.registry import tuner_for
     >>> tuner = tuner_for("cpu")
@@ -41,7 +41,7 @@ from jax_autotune.tuning.tuner import Tuner
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
 _ragged_tuners: dict[str, Tuner] = {}  # grouped matmuls', by platform
 _store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment, store) each tuner uses
-_compile_settings: tuple | None = None  # the (cache, store, cache_dir, compilation_cache) in effect
+_compile_settings: tuple | None = None  # the (cache, store, cache_dir, compilation_cache, mode) in effect
 _tuners_lock = threading.Lock()
 _warned_native = False
 
@@ -95,14 +95,14 @@ def _current_store_settings() -> tuple:
 
 def _follow_compilation_cache_setting() -> None:
     """Point JAX's compilation cache beside the store, or stop, when the settings changed
-    (one process-wide cache, whatever the platform)."""
+    (one process-wide cache, whatever the platform); with ``mode`` off, never."""
     global _compile_settings
     settings = (config.get("cache"), config.get("store"), config.get("cache_dir"),
-                config.get("compilation_cache"))
+                config.get("compilation_cache"), config.get("mode"))
     if settings == _compile_settings:
         return
-    cache, store, cache_dir, compilation = settings
-    if cache and store != "memory" and compilation:
+    cache, store, cache_dir, compilation, mode = settings
+    if cache and store != "memory" and compilation and mode != "off":
         compile_cache.enable(compile_cache.directory_for(cache_dir))
     else:
         compile_cache.disable()
@@ -184,17 +184,6 @@ def current_tuners() -> list[Tuner]:
     default = tuner_for(jax.default_backend())
     grouped = ragged_tuner_for(jax.default_backend())
     return [default, grouped] + [t for t in built_tuners() if t is not default and t is not grouped]
-
-
-def _use_compilation_cache_at_import() -> None:
-    try:
-        with _tuners_lock:
-            _follow_compilation_cache_setting()
-    except config.ConfigError as err:  # a bad setting is reported where it is used
-        warnings.warn(f"jax_autotune: JAX's compilation cache not set up: {err}", stacklevel=2)
-
-
-_use_compilation_cache_at_import()
 
 
 def reset_tuners() -> None:

@@ -118,6 +118,61 @@ def test_a_cache_the_user_configured_is_used_and_never_moved(tmp_path):
     assert result["min_compile_s"] == 1.0  # JAX's default: the user's settings are theirs
 
 
+JAX_LOCK_FILE = ".lockfile"  # JAX's eviction (the size cap) locks the folder with it
+JAX_SETTINGS = ["jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size",
+                "jax_enable_compilation_cache"]
+SETTINGS_WORKER = f"""
+import json, jax, jax.numpy as jnp
+names = {JAX_SETTINGS!r}
+def settings(): return {{n: getattr(jax.config, n) for n in names}}
+seen = {{"before": settings()}}
+import jax_autotune as jat
+from jax_autotune.tuning import compile_cache
+seen["imported"] = settings()
+jax.jit(jat.matmul)(jnp.ones((16, 8)), jnp.ones((8, 4))).block_until_ready()
+seen["called"] = settings()
+compile_cache.disable()
+seen["disabled"] = settings()
+print(json.dumps(seen))
+"""
+
+
+def _settings_seen(tmp_path, **env):
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("JAX_AUTOTUNE_", "JAX_COMPILATION_CACHE"))}
+    environment.update(JAX_AUTOTUNE_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                       JAX_AUTOTUNE_BUDGET_SECONDS="1", **env)
+    done = subprocess.run([sys.executable, "-P", "-c", SETTINGS_WORKER], env=environment,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_changes_nothing_in_jax_and_the_first_tuned_call_points_a_capped_cache(tmp_path):
+    from jax_autotune.tuning.compile_cache import MAX_BYTES
+    seen = _settings_seen(tmp_path)
+    assert seen["imported"] == seen["before"]
+    called = seen["called"]
+    assert called["jax_compilation_cache_dir"] == str(tmp_path / "store" / DIRECTORY_NAME)
+    assert called["jax_persistent_cache_min_compile_time_secs"] == 0.0
+    assert called["jax_compilation_cache_max_size"] == MAX_BYTES
+    assert seen["disabled"] == seen["before"]  # every setting put back
+
+
+def test_mode_off_changes_nothing_in_jax(tmp_path):
+    seen = _settings_seen(tmp_path, JAX_AUTOTUNE_MODE="off")
+    assert seen["imported"] == seen["called"] == seen["before"]
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_size_cap_the_user_set_is_kept(tmp_path):
+    seen = _settings_seen(tmp_path, JAX_COMPILATION_CACHE_MAX_SIZE=str(2**20))
+    assert seen["before"]["jax_compilation_cache_max_size"] == 2**20
+    assert seen["called"]["jax_compilation_cache_max_size"] == 2**20
+    assert seen["called"]["jax_compilation_cache_dir"] == str(tmp_path / "store" / DIRECTORY_NAME)
+
+
 @pytest.mark.parametrize("setting", [{"JAX_AUTOTUNE_COMPILATION_CACHE": "0"}, {"JAX_AUTOTUNE_STORE": "memory"}],
                          ids=["compilation_cache=0", "store=memory"])
 def test_the_setting_turns_it_off(tmp_path, setting):
@@ -129,13 +184,14 @@ def test_the_setting_turns_it_off(tmp_path, setting):
 def test_clear_deletes_the_compiled_executables_only_when_asked(tmp_path, monkeypatch, capsys):
     run(tmp_path, "xla_dot")
     folder = tmp_path / "store" / DIRECTORY_NAME
-    kept = len(list(folder.iterdir()))
+    files = sorted(folder.iterdir())
+    kept = sum(not f.name.endswith("-atime") and f.name != JAX_LOCK_FILE for f in files)
     assert kept > 0
     monkeypatch.setenv("JAX_AUTOTUNE_CACHE_DIR", str(tmp_path / "store"))
     assert cli_main(["clear", "--yes"]) == 0
-    assert len(list(folder.iterdir())) == kept
+    assert sorted(folder.iterdir()) == files
     assert cli_main(["clear", "--yes", "--compilation-cache"]) == 0
-    assert not list(folder.iterdir())
+    assert {f.name for f in folder.iterdir()} <= {JAX_LOCK_FILE}  # the size cap's lock, JAX's to manage
     assert f"deleted {kept} compiled executables" in capsys.readouterr().out
 
 

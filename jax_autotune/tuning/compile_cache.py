@@ -5,9 +5,11 @@ runs XLA's own GEMM autotuner while it compiles) would still cost up to a second
 in every new process. With the ``compilation_cache`` setting on (the default) and the
 disk store on, the tuner points JAX's persistent compilation cache at
 ``<cache_dir>/jax_compilation_cache`` the first time it is used, with no minimum compile
-time or entry size, so matmul executables are kept. It never overrides a cache the user
-configured (``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``) nor one the
-user turned off (``jax_enable_compilation_cache=False``).
+time or entry size, so matmul executables are kept, and a size cap (``MAX_BYTES``, JAX
+evicting the least recently used entries; it needs ``filelock``) unless the user set one. It never overrides a
+cache the user configured (``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``)
+nor one the user turned off (``jax_enable_compilation_cache=False``); ``disable`` puts back
+every JAX setting ``enable`` changed.
 
 A changed decision can never be served a stale executable: the lowering rule emits the
 winner before JAX computes the cache key from the lowered module, so another winner is
@@ -21,6 +23,7 @@ another key.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import threading
@@ -29,9 +32,12 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 DIRECTORY_NAME = "jax_compilation_cache"
+MAX_BYTES = 4 * 2**30  # JAX's cap on the folder (jax_compilation_cache_max_size) where the user set none
+_NO_CAP = -1  # JAX's default: unbounded
 
 _lock = threading.Lock()
 _ours: str | None = None  # the directory this package pointed JAX at, if any
+_replaced: dict = {}  # the JAX settings enable() changed, with the values they had before
 
 
 def directory_for(cache_dir: str | os.PathLike) -> str:
@@ -59,8 +65,16 @@ def enable(directory: str) -> str | None:
         if _ours == directory:
             return directory
         switching = _ours is not None
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        if not switching:
+            wanted = {"jax_persistent_cache_min_compile_time_secs": 0.0,
+                      "jax_persistent_cache_min_entry_size_bytes": -1}
+            # JAX's eviction needs filelock (a dependency of ours); without it a cap breaks the cache
+            if (getattr(jax.config, "jax_compilation_cache_max_size", None) == _NO_CAP
+                    and importlib.util.find_spec("filelock") is not None):
+                wanted["jax_compilation_cache_max_size"] = MAX_BYTES
+            for name, value in wanted.items():
+                _replaced[name] = getattr(jax.config, name)
+                jax.config.update(name, value)
         jax_cache.set_cache_dir(directory)
         if switching:  # JAX keeps the first directory's cache object until reset
             jax_cache.reset_cache()
@@ -69,12 +83,16 @@ def enable(directory: str) -> str | None:
 
 
 def disable() -> None:
-    """Stop using the cache this package enabled (a user's own cache is left alone)."""
+    """Stop using the cache this package enabled and put back the JAX settings it changed
+    (a user's own cache is left alone)."""
     global _ours
     with _lock:
         if _ours is not None and jax.config.jax_compilation_cache_dir == _ours:
             jax.config.update("jax_compilation_cache_dir", None)
+            for name, value in _replaced.items():
+                jax.config.update(name, value)
             jax_cache.reset_cache()
+        _replaced.clear()
         _ours = None
 
 
