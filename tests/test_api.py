@@ -11,14 +11,11 @@ from jax_autotune import config, primitive
 from jax_autotune.tuning import counters
 from jax_autotune.key import Layout
 from jax_autotune.warmup import equations
-from numerics import rel_error
-
-RNG = np.random.default_rng(20261129)
-TOL = {"float32": 2e-5, "float64": 1e-12, "bfloat16": 3e-2, "float16": 1e-2}
+from numerics import REFERENCE_TOLERANCES, rand_stream, rel_error
 
 
-def rand(shape, dtype="float32"):
-    return jnp.asarray(RNG.standard_normal(shape), dtype=dtype)
+
+rand = rand_stream(20261129)
 
 
 def f64_matmul(a, b):
@@ -31,7 +28,7 @@ def test_matmul_matches_float64_on_odd_shapes(fresh_tuning, m, n, k):
     a, b = rand((m, k)), rand((k, n))
     out = jax.jit(jat.matmul)(a, b)
     assert out.shape == (m, n) and out.dtype == jnp.float32
-    assert rel_error(out, f64_matmul(a, b)) < TOL["float32"]
+    assert rel_error(out, f64_matmul(a, b)) < REFERENCE_TOLERANCES["float32"]
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [
@@ -47,7 +44,7 @@ def test_matmul_follows_jnp_matmul_shape_rules(fresh_tuning, a_shape, b_shape):
     out = jat.matmul(a, b)
     want = f64_matmul(a, b)
     assert out.shape == want.shape
-    assert rel_error(out, want) < TOL["float32"]
+    assert rel_error(out, want) < REFERENCE_TOLERANCES["float32"]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -55,7 +52,7 @@ def test_matmul_dtypes_and_preferred_element_type(fresh_tuning, dtype):
     a, b = rand((33, 65), dtype), rand((65, 17), dtype)
     out = jat.matmul(a, b)
     assert out.dtype == jnp.dtype(dtype)
-    assert rel_error(out, f64_matmul(a, b)) < TOL[dtype]
+    assert rel_error(out, f64_matmul(a, b)) < REFERENCE_TOLERANCES[dtype]
     wide = jat.matmul(a, b, preferred_element_type=jnp.float32)
     assert wide.dtype == jnp.float32
     assert rel_error(wide, f64_matmul(a, b)) < 1e-5
@@ -86,7 +83,7 @@ def test_dot_general_matches_lax_for_general_dimension_numbers(fresh_tuning, dim
     want = lax.dot_general(lhs.astype(jnp.float64) if False else lhs, rhs, dims,
                            precision=lax.Precision.HIGHEST)
     assert out.shape == want.shape
-    assert rel_error(out, want) < TOL["float32"]
+    assert rel_error(out, want) < REFERENCE_TOLERANCES["float32"]
 
 
 def test_a_transposed_operand_becomes_a_transposed_layout_key_not_a_copy(fresh_tuning):
@@ -189,7 +186,7 @@ def test_lowering_runs_once_per_compile(fresh_tuning):
 def test_modes_that_compile_give_correct_results(fresh_tuning, mode):
     config.update("mode", mode)
     a, b = rand((20, 30)), rand((30, 10))
-    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < TOL["float32"]
+    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < REFERENCE_TOLERANCES["float32"]
 
 
 def test_mode_require_fails_at_compile_time_naming_the_key_until_warmed_up(fresh_tuning):
@@ -201,7 +198,7 @@ def test_mode_require_fails_at_compile_time_naming_the_key_until_warmed_up(fresh
     jat.warmup([(21, 11, 31)])
     config.update("mode", "require")
     jax.clear_caches()
-    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < TOL["float32"]
+    assert rel_error(jax.jit(jat.matmul)(a, b), f64_matmul(a, b)) < REFERENCE_TOLERANCES["float32"]
 
 
 PROGRAMS_TO_REQUIRE = {  # name: (fn, argument shapes and dtypes)
@@ -314,7 +311,7 @@ def test_a_shape_mismatch_raises_the_exception_type_jnp_and_lax_raise(ours, thei
 def test_dot_general_accepts_out_sharding_like_lax(fresh_tuning):
     a, b = rand((3, 4)), rand((4, 5))
     out = jat.dot_general(a, b, (((1,), (0,)), ((), ())), out_sharding=None)
-    assert rel_error(out, f64_matmul(a, b)) < TOL["float32"]
+    assert rel_error(out, f64_matmul(a, b)) < REFERENCE_TOLERANCES["float32"]
 
 
 def test_flax_linen_dense_with_the_drop_in_matches_the_default(fresh_tuning):

@@ -18,14 +18,12 @@ from jax_autotune.kernels.xla import lax_precision
 from jax_autotune.problem import key_precision, problem_for
 from jax_autotune.tuners import tuner_for
 from jax_autotune.warmup import equations
-from numerics import rel_error
+from numerics import REFERENCE_TOLERANCES, rand_stream, rel_error
 
-RNG = np.random.default_rng(17)
 DIMS = (((1,), (0,)), ((), ()))
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 # norm-wise relative error allowed against a float64 reference, by the narrowest type used
-TOL = {"float64": 1e-12, "float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 PRESETS = list(lax.DotAlgorithmPreset)
 # the type a preset computes in, where it is narrower than its operands'
 PRESET_COMPUTE = {"F16_F16_F16": "float16", "F16_F16_F32": "float16", "BF16_BF16_BF16": "bfloat16",
@@ -41,12 +39,11 @@ def lax_result_precision(precision):
     return eqn.params["precision"]
 
 
-def rand(shape, dtype="float32"):
-    return jnp.asarray(RNG.standard_normal(shape), dtype=dtype)
+rand = rand_stream(17)
 
 
 def tolerance(*dtypes):
-    return max(TOL.get(str(jnp.dtype(d)), 0.0) for d in dtypes)
+    return max(REFERENCE_TOLERANCES.get(str(jnp.dtype(d)), 0.0) for d in dtypes)
 
 
 def outcome(fn, *args):
@@ -112,7 +109,7 @@ def test_bfloat16_with_a_float32_accumulator_backward_as_lax_does(fresh_tuning):
     assert dot_result_dtypes(jax.grad(loss(jat.dot_general), (0, 1)), x, w) == \
         dot_result_dtypes(jax.grad(loss(lax.dot_general), (0, 1)), x, w) == ["float32"] * 3
     for g, h in zip(jax.grad(loss(jat.dot_general), (0, 1))(x, w), jax.grad(loss(lax.dot_general), (0, 1))(x, w)):
-        assert g.dtype == h.dtype == jnp.bfloat16 and rel_error(g, h) < TOL["bfloat16"]
+        assert g.dtype == h.dtype == jnp.bfloat16 and rel_error(g, h) < REFERENCE_TOLERANCES["bfloat16"]
 
 
 def test_weak_typed_operands_give_lax_weak_types(fresh_tuning):
@@ -158,7 +155,7 @@ def test_f16_by_bf16_matmul_follows_jnp_promotion(fresh_tuning):
     a, b = rand((6, 8), "float16"), rand((8, 4), "bfloat16")
     out = jat.matmul(a, b)
     assert out.dtype == jnp.matmul(a, b).dtype == jnp.float32
-    assert rel_error(out, np.asarray(a, np.float64) @ np.asarray(b, np.float64)) < TOL["float16"]
+    assert rel_error(out, np.asarray(a, np.float64) @ np.asarray(b, np.float64)) < REFERENCE_TOLERANCES["float16"]
 
 
 # ---------------------------------------------------------------- algorithm presets
@@ -236,7 +233,7 @@ def test_presets_error_as_lax_does_when_called_eagerly(fresh_tuning):
 def test_a_preset_runs_xla_dot_alone_without_a_benchmark(fresh_tuning):
     a, b = rand((8, 8)), rand((8, 8))  # a key the native kernels would compete for
     out = jax.jit(lambda a, b: jat.matmul(a, b, precision="F32_F32_F32"))(a, b)
-    assert rel_error(out, np.asarray(a, np.float64) @ np.asarray(b, np.float64)) < TOL["float32"]
+    assert rel_error(out, np.asarray(a, np.float64) @ np.asarray(b, np.float64)) < REFERENCE_TOLERANCES["float32"]
     stats = jat.stats()
     assert stats["candidate_runs"] == 0 and stats["candidate_compiles"] == 0
     (entry,) = jat.warmup([(8, 8, 8)], precision=lax.DotAlgorithmPreset.F32_F32_F32).entries

@@ -6,7 +6,6 @@ benchmarks/results/.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jax_autotune as jat
@@ -18,13 +17,9 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.device import device_info
 from jax_autotune.tuning.lowering_warnings import quiet
+from numerics import rel_error
 
 pytestmark = pytest.mark.gpu
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
 def operands(problem, seed):

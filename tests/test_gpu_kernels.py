@@ -23,6 +23,7 @@ from jax_autotune.kernels.gpu.triton import GemmConfig, VectorConfig, gemm, grou
 from jax_autotune.key import Kind
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.kernels.xla import XLA_DOT_NAME, xla_dot
+from numerics import rel_error
 
 H200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0), frozenset())
 A100 = DeviceInfo("gpu", "NVIDIA A100-SXM4-80GB", 80 * 2**30, (8, 0), frozenset())
@@ -43,12 +44,6 @@ def reference(lhs, rhs, problem):
     if problem.transpose_b:
         b = b.transpose(0, 2, 1)
     return a @ b
-
-
-def rel_error(out, ref):
-    out = np.asarray(out, np.float64)
-    assert out.shape == ref.shape
-    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
 
 
 def problem(batch, m, n, k, ta=False, tb=False, dtype="float32", precision="HIGHEST"):

@@ -14,14 +14,10 @@ from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.timing import DeviceTimer, compile_candidate, random_operands
 from jax_autotune.tuners import tuner_for
 from jax_autotune.tuning.lowering_warnings import quiet
+from numerics import rel_error
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(7)
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
 def test_the_gpu_tuner_times_on_the_device_and_has_probed_peaks(fresh_tuning):

@@ -10,7 +10,7 @@ import pytest
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.kernels.gpu import mosaic_gemm as mg
 from cross_lowering import cuda_text, custom_calls
-from numerics import rel_error
+from numerics import KERNEL_TOLERANCES, rel_error
 
 needs_mosaic = pytest.mark.skipif(not mg.AVAILABLE, reason=f"Mosaic GPU unavailable: {mg.IMPORT_ERROR}")
 SMS = mg.H100_SMS
@@ -154,7 +154,6 @@ def _reference(lhs, rhs, tl, tr):
     return a @ b
 
 
-_TOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 4e-3}  # rel. Frobenius error; f32 runs TF32
 
 
 @pytest.mark.gpu
@@ -173,17 +172,17 @@ def test_gpu_matches_float64(m, n, k, dtype, tl, tr, out):
     got = jax.jit(lambda a, b: mg.mosaic_gemm(a, b, config=config, transpose_lhs=tl, transpose_rhs=tr,
                                               out_dtype=out))(lhs, rhs)
     assert got.shape == (m, n) and got.dtype == jnp.dtype(out or dtype)
-    assert rel_error(got, _reference(lhs, rhs, tl, tr)) < _TOL[dtype]
+    assert rel_error(got, _reference(lhs, rhs, tl, tr)) < KERNEL_TOLERANCES[dtype]
 
 
 @pytest.mark.gpu
 def test_gpu_batch_and_split_k():
     lhs, rhs = _operands(jax.random.key(1), 520, 1040, 512, "bfloat16", False, False, batch=3)
     got = mg.mosaic_gemm(lhs, rhs, config=SMALL)
-    assert rel_error(got, _reference(lhs, rhs, False, False)) < _TOL["bfloat16"]
+    assert rel_error(got, _reference(lhs, rhs, False, False)) < KERNEL_TOLERANCES["bfloat16"]
     lhs, rhs = _operands(jax.random.key(2), 136, 264, 8208, "bfloat16", False, True)
     got = mg.mosaic_gemm(lhs, rhs, config=mg.MosaicGemmConfig(stages=3, split_k=3), transpose_rhs=True)
-    assert rel_error(got, _reference(lhs, rhs, False, True)) < _TOL["bfloat16"]
+    assert rel_error(got, _reference(lhs, rhs, False, True)) < KERNEL_TOLERANCES["bfloat16"]
 
 
 @pytest.mark.gpu
@@ -194,10 +193,10 @@ def test_gpu_epilogues():
     got = mg.mosaic_gemm(lhs, rhs, config=SMALL, epilogue=BIAS_TANH, epilogue_operands=(bias,))
     product = _reference(lhs, rhs, False, False)
     want = BIAS_TANH.reference(np.asarray(jnp.asarray(product, jnp.bfloat16), np.float64), [np.asarray(bias)])
-    assert rel_error(got, want) < _TOL["bfloat16"]
+    assert rel_error(got, want) < KERNEL_TOLERANCES["bfloat16"]
     col = jax.random.normal(jax.random.key(5), (m,), jnp.float32)
     full = jax.random.normal(jax.random.key(6), (m, n), jnp.float32).astype(jnp.bfloat16)
     got = mg.mosaic_gemm(lhs, rhs, config=SMALL, epilogue=lambda y, c, f: jnp.maximum(y * c, 0.0) + f,
                          epilogue_roles=("col", "full"), epilogue_operands=(col, full))
     want = np.maximum(product * np.asarray(col, np.float64)[:, None], 0) + np.asarray(full, np.float64)
-    assert rel_error(got, want) < _TOL["bfloat16"]
+    assert rel_error(got, want) < KERNEL_TOLERANCES["bfloat16"]

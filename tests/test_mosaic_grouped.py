@@ -16,7 +16,7 @@ from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
 from cross_lowering import cuda_text, custom_calls
 from group_trials import group_trials
-from numerics import rel_error
+from numerics import KERNEL_TOLERANCES, rel_error
 
 needs_mosaic = pytest.mark.skipif(not mgr.AVAILABLE, reason=f"Mosaic GPU unavailable: {mgr.IMPORT_ERROR}")
 SMS = mg.H100_SMS
@@ -168,7 +168,6 @@ def test_the_candidate_runs_xla_where_the_stored_problem_is_not_served():
 
 # ---------------------------------------------------------------- GPU: numbers
 
-_TOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 4e-3}  # rel. Frobenius error of a group's rows
 
 
 def _operands(seed, m, n, k, groups, dtype, transpose_rhs):
@@ -188,7 +187,7 @@ def _check_per_group(got, x, w, sizes, transpose_rhs, out_dtype):
     start = 0
     for g, end in enumerate(ends):
         if end > start:
-            assert rel_error(got[start:end], x[start:end] @ w[g]) < _TOL[out_dtype], f"group {g}"
+            assert rel_error(got[start:end], x[start:end] @ w[g]) < KERNEL_TOLERANCES[out_dtype], f"group {g}"
         start = end
     assert not np.any(got[start:]), "rows past sum(group_sizes) must be zero"
 
@@ -229,7 +228,7 @@ def test_gpu_candidate_matches_lax_on_both_representative_splits():
         got = jax.jit(lambda a, b, s, c=candidate: c.fn(a, b, problem, s))(x, w, splits)
         want = ragged.XLA_RAGGED_DOT.fn(x, w, problem, splits)
         assert got.shape == want.shape == (2, m, n)
-        assert rel_error(got, want) < _TOL["bfloat16"], candidate.name
+        assert rel_error(got, want) < KERNEL_TOLERANCES["bfloat16"], candidate.name
 
 
 @needs_mosaic

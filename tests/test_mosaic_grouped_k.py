@@ -17,14 +17,13 @@ from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
 from cross_lowering import cuda_text, custom_calls
 from group_trials import group_trials
-from numerics import rel_error
+from numerics import KERNEL_TOLERANCES, rel_error
 
 needs_mosaic = pytest.mark.skipif(not mk.AVAILABLE, reason=f"Mosaic GPU unavailable: {mk.IMPORT_ERROR}")
 SMS = mg.H100_SMS
 H200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
 A100 = DeviceInfo("gpu", "NVIDIA A100-SXM4-80GB", 80 * 2**30, (8, 0))
 CPU = DeviceInfo("cpu", "cpu")
-_TOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 4e-3}  # rel. Frobenius error of a group's product
 
 
 def _weight_gradient(m, n, k, groups, dtype="bfloat16", out=None, **kw) -> MatmulProblem:
@@ -158,7 +157,7 @@ def _check_per_group(got, x, dy, sizes, out_dtype):
     for g, end in enumerate(ends):
         want = x[start:end].T @ dy[start:end]
         if end > start:
-            assert rel_error(got[g], want) < _TOL[out_dtype], f"group {g}"
+            assert rel_error(got[g], want) < KERNEL_TOLERANCES[out_dtype], f"group {g}"
         else:
             assert not np.any(got[g]), f"empty group {g} must be zero"
         start = end
@@ -214,7 +213,7 @@ def test_gpu_candidate_matches_lax_on_both_representative_splits():
     for candidate in ragged.MOSAIC_GROUPED_K:
         got = jax.jit(lambda a, b, s, c=candidate: c.fn(a, b, problem, s))(x, dy, splits)
         assert got.shape == want.shape == (2, groups, m, n)
-        assert rel_error(got, want) < _TOL["bfloat16"], candidate.name
+        assert rel_error(got, want) < KERNEL_TOLERANCES["bfloat16"], candidate.name
 
 
 @pytest.mark.gpu
@@ -230,7 +229,7 @@ def test_gpu_the_weight_gradient_of_a_grouped_matmul_through_autotune():
     want = jax.jit(jax.grad(loss, argnums=1))(x, w, sizes)
     got = jax.jit(jax.grad(jat.autotune(loss), argnums=1))(x, w, sizes)
     assert got.shape == want.shape and got.dtype == want.dtype
-    assert rel_error(np.asarray(got, np.float32), np.asarray(want, np.float32)) < _TOL["bfloat16"]
+    assert rel_error(np.asarray(got, np.float32), np.asarray(want, np.float32)) < KERNEL_TOLERANCES["bfloat16"]
 
 
 @needs_mosaic

@@ -17,10 +17,9 @@ from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import reset_tuners, tuner_for
 from jax_autotune.tuning import programs
 from jax_autotune.warmup import equations, matmul_problems
+from numerics import rand
 
 
-def rand(seed, *shape):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 X, W1, W2, B = rand(0, 24, 40), rand(1, 40, 48), rand(2, 48, 16), rand(3, 48)
