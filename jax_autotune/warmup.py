@@ -48,7 +48,7 @@ import jax.numpy as jnp
 
 from jax_autotune.columns import aligned
 from jax_autotune.errors import NoTunedMatmulWarning
-from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.decision import Decision, Source
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune import program_check
@@ -83,7 +83,7 @@ class WarmupEntry:
     winner: str
     winner_seconds: float | None
     xla_seconds: float | None
-    source: str  # "tuned" | "memory" | "store" | "fallback"
+    source: Source
     reason: str = ""  # why the winner is XLA's dot without a benchmark, when it is
 
     @classmethod
@@ -278,7 +278,7 @@ def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck
     for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):
         if eqn.primitive in TUNED_PRIMITIVES:
             uses[eqn.params["key"]] = uses.get(eqn.params["key"], 0) + 1
-    if not any(e.source == "tuned" for e in entries):
+    if not any(e.source == Source.TUNED for e in entries):
         earlier = program_check.stored(program_ids, tuner, len(uses))
         if earlier is not None:
             return earlier

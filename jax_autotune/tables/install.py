@@ -23,7 +23,7 @@ from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
 from jax_autotune.registry import built_tuners, current_tuners
-from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.decision import Decision, Source
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
 from jax_autotune.tuning.store import TuneStore, open_store
 from jax_autotune.tuning.decisions import Installed, stored_decision
@@ -117,7 +117,7 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
         sections[fingerprint] = (checksum, tuple(tuner.candidate_set.names()))
         found = decisions.setdefault(fingerprint, {})
         for decision in tuner.memory_decisions():  # its store's rows are read below
-            if decision.source != "fallback" and decision.checksum in ("", checksum):
+            if decision.source != Source.FALLBACK and decision.checksum in ("", checksum):
                 found.setdefault(decision.key, dataclasses.replace(
                     decision, device=fingerprint, checksum=checksum))
 

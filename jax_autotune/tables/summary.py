@@ -16,7 +16,7 @@ from collections import Counter
 from jax_autotune.kernels.ragged import XLA_RAGGED_NAME
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
-from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.decision import Decision, Outcome
 
 
 def key_id(key: MatmulKey) -> str:
@@ -74,7 +74,7 @@ def summarize(device: str, decision: Decision) -> SummaryRow:
     winner = decision.result(decision.winner)
     winner_seconds = winner.score if winner else None
     xla = decision.result(XLA_RAGGED_NAME if decision.key.groups else XLA_DOT_NAME)  # XLA's own op
-    xla_seconds = xla.score if xla is not None and xla.outcome == "ok" else None
+    xla_seconds = xla.score if xla is not None and xla.outcome == Outcome.OK else None
     speedup = (xla_seconds / winner_seconds
                if xla_seconds and winner_seconds and winner_seconds > 0 else None)
     return SummaryRow(

@@ -37,7 +37,7 @@ more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal
 
 ``benchmark_key`` is the whole pipeline of one key on one device, its rounds included:
 random operands, the exact reference, the probes' peaks and the roofline limit, XLA's dots
-primed on a GPU; the tuner turns its ``Outcome`` into the key's decision.
+primed on a GPU; the tuner turns its ``BenchmarkResult`` into the key's decision.
 
     >>> outcome = benchmark_key(plan, problem, Setup(device, jax_device, timer, probes, rules))
     >>> outcome.winner, outcome.limit
@@ -58,7 +58,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning import xla_priming
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.correctness import check, prepare_check, reference
-from jax_autotune.tuning.decision import CandidateResult
+from jax_autotune.tuning.decision import CandidateResult, Outcome
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.roofline import roofline_bounds
@@ -75,8 +75,8 @@ def classify_error(error: BaseException, stage: str) -> str:
     """``resource_exhausted`` for memory / shared-memory overflows, else the stage's error."""
     text = f"{type(error).__name__}: {error}".lower()
     if any(marker in text for marker in _RESOURCE_MARKERS):
-        return "resource_exhausted"
-    return "compile_error" if stage == "compile" else "runtime_error"
+        return Outcome.RESOURCE_EXHAUSTED
+    return Outcome.COMPILE_ERROR if stage == "compile" else Outcome.RUNTIME_ERROR
 
 
 def _short(error: BaseException) -> str:
@@ -186,7 +186,7 @@ class KeyBenchmark:
         self._run_stage([c for c in fresh if c is baseline], label)
         self._run_stage([c for c in others if c.quick_compile], label)
         self._run_stage(self._skip_by_cost([c for c in others if not c.quick_compile], label), label)
-        return any(self.results[c.name].outcome == "ok" for c in candidates)
+        return any(self.results[c.name].outcome == Outcome.OK for c in candidates)
 
     def _skip_by_cost(self, stage: Sequence[Candidate], label: str) -> list[Candidate]:
         """The stage without the candidates the cost model is sure lose (recorded
@@ -198,7 +198,7 @@ class KeyBenchmark:
         for candidate in stage:
             estimate = candidate.cost(self.problem) if candidate.cost else None
             if estimate is not None and estimate > ratio * self._best:
-                self._record(candidate.name, "skipped", label,
+                self._record(candidate.name, Outcome.SKIPPED, label,
                              error=f"cost model: estimated {estimate * 1e6:.3g} us > {ratio:g} x "
                                    f"the best measured {self._best * 1e6:.3g} us")
             else:
@@ -220,7 +220,7 @@ class KeyBenchmark:
         ahead = len(stage) if wait_for_all else max(1, self.rules.compile_ahead)
         if all(self._stopped(c) for c in stage):
             for c in stage:
-                self._record(c.name, "skipped", label, error=self.finish_reason)
+                self._record(c.name, Outcome.SKIPPED, label, error=self.finish_reason)
             return
         for c in stage[:ahead]:
             self.compiles.start(c)
@@ -233,7 +233,7 @@ class KeyBenchmark:
             if not self.finished and self.clock() > self.deadline and not measured_anyway:
                 self._finish("budget")
             if self._stopped(candidate) and not measured_anyway:
-                self._record(candidate.name, "skipped", label, error=self.finish_reason)
+                self._record(candidate.name, Outcome.SKIPPED, label, error=self.finish_reason)
                 continue
             if index + ahead < len(stage):  # keep the compile window full
                 self.compiles.start(stage[index + ahead])
@@ -276,7 +276,7 @@ class KeyBenchmark:
         if verdict.ok and self.trusted is None and candidate.name == self._baseline:
             self.trusted = out
         if not verdict.ok:
-            self._record(candidate.name, "wrong_result", label, rel_error=verdict.rel_error,
+            self._record(candidate.name, Outcome.WRONG_RESULT, label, rel_error=verdict.rel_error,
                          error=f"relative error {verdict.rel_error:.3g} > {verdict.tolerance:.3g}")
             return
         kept: list[float] = []
@@ -289,7 +289,7 @@ class KeyBenchmark:
                 if taken <= rules.discard_first:
                     continue
                 if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-                    self._record(candidate.name, "no_timing", label, rel_error=verdict.rel_error,
+                    self._record(candidate.name, Outcome.NO_TIMING, label, rel_error=verdict.rel_error,
                                  error=f"sample {seconds!r} is not a positive time")
                     return
                 kept.append(seconds)
@@ -312,7 +312,7 @@ class KeyBenchmark:
             self._record(candidate.name, classify_error(err, "run"), label, error=_short(err))
             return
         self._best = min(self._best, min(kept)) if kept else self._best
-        self._record(candidate.name, "ok", label, samples=kept,
+        self._record(candidate.name, Outcome.OK, label, samples=kept,
                      score=statistics.median(kept) if kept else None, pruned=pruned,
                      rel_error=verdict.rel_error)
 
@@ -362,7 +362,7 @@ class Setup:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class BenchmarkResult:
     """A key's benchmark: every planned candidate's result, the winner (None: nothing was
     measured), why tuning ended early, and the roofline bounds with each phase's seconds."""
 
@@ -381,7 +381,7 @@ def xla_round(plan) -> tuple[Candidate, ...]:
     return tuple(c for c in (plan.baseline, *beside) if c.xla_autotuned)
 
 
-def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: float = math.inf) -> Outcome:
+def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: float = math.inf) -> BenchmarkResult:
     """Run the plan's rounds for ``problem`` on ``setup``'s device until one round has a
     valid candidate, the short-circuit or the budget (see the module docstring)."""
     phases = PhaseClock()
@@ -416,8 +416,8 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
         setup.timer.release()
     planned = {c.name for r in plan.runnable for c in r.candidates}
     for name in sorted(planned - set(bench.results)):
-        bench.results[name] = CandidateResult(name, "skipped", error="later round not needed")
-    return Outcome(bench.results, bench.winner(baseline=plan.baseline.name), bench.finish_reason,
+        bench.results[name] = CandidateResult(name, Outcome.SKIPPED, error="later round not needed")
+    return BenchmarkResult(bench.results, bench.winner(baseline=plan.baseline.name), bench.finish_reason,
                    {**bounds.to_json(), "phase_seconds": phases.seconds}, bounds.limit)
 
 

@@ -29,6 +29,7 @@ a key missing from the store is decided by exactly one process and adopted by th
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import os
@@ -42,10 +43,23 @@ from typing import Callable
 
 from jax_autotune.errors import ConsensusWarning, JaxAutotuneConsensusWarning  # noqa: F401 - its earlier home
 from jax_autotune._version import __version__
-from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.decision import Decision, Source
 from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store_protocol import Claim
 
 _MAX_TIMEOUT_MS = 2**31 - 1
+
+
+class Settled(enum.StrEnum):
+    """How a key's decision was reached across processes: found in the store, tuned by
+    this process, adopted from another, proposed by this one in a job (the others adopt
+    it), or XLA's dot because no decision came in time."""
+
+    STORED = "stored"
+    TUNED = "tuned"
+    ADOPTED = "adopted"
+    PROPOSED = "proposed"
+    FALLBACK = "fallback"
 
 
 def _status(err: BaseException) -> str:
@@ -86,10 +100,10 @@ def job_key(platform: str, checksum: str, key_string: str) -> str:
 
 
 def decide_in_job(job: Job, path: str, propose: Callable[[], Decision],
-                  fallback: Callable[[str], Decision], wait_seconds: float) -> tuple[Decision, str]:
-    """The job's decision for the key at ``path``: (decision, how), how 'proposed' when this
+                  fallback: Callable[[str], Decision], wait_seconds: float) -> tuple[Decision, Settled]:
+    """The job's decision for the key at ``path``: (decision, how), how ``PROPOSED`` when this
     process claimed the key and its ``propose()`` (a stored decision, or a tuning) was
-    published, 'adopted' when a peer's was, 'fallback' when no peer published in time.
+    published, ``ADOPTED`` when a peer's was, ``FALLBACK`` when no peer published in time.
     Errors of the key-value store propagate (the caller falls back locally)."""
     client = job.client
 
@@ -113,14 +127,14 @@ def decide_in_job(job: Job, path: str, propose: Callable[[], Decision],
 
     found = lookup()
     if found is not None:
-        return found, "adopted"
+        return found, Settled.ADOPTED
     if client.key_value_increment(path + "/claim", 1) == 1:
         mine = propose()
         published = insert(mine)
-        return published, "proposed" if published is mine else "adopted"
+        return published, Settled.PROPOSED if published is mine else Settled.ADOPTED
     try:
         text = client.blocking_key_value_get(path, max(0, min(_MAX_TIMEOUT_MS, int(wait_seconds * 1000))))
-        return Decision.from_json(json.loads(text)), "adopted"
+        return Decision.from_json(json.loads(text)), Settled.ADOPTED
     except Exception as err:  # noqa: BLE001
         if _status(err) != "DEADLINE_EXCEEDED":
             raise
@@ -129,7 +143,7 @@ def decide_in_job(job: Job, path: str, propose: Callable[[], Decision],
                   ConsensusWarning, stacklevel=4)
     mine = fallback(f"no peer decided within {wait_seconds:.0f} s")
     published = insert(mine)
-    return published, "fallback" if published is mine else "adopted"
+    return published, Settled.FALLBACK if published is mine else Settled.ADOPTED
 
 
 # ---------------------------------------------------------------- one host
@@ -158,25 +172,25 @@ def decide_on_host(store: TuneStore, namespace: str, key_string: str, checksum: 
                    tune: Callable[[], Decision], fallback: Callable[[str], Decision],
                    lease_seconds: float, wait_seconds: float,
                    usable: Callable[[dict], bool] = lambda value: True,
-                   clock=time.monotonic, sleep=time.sleep) -> tuple[Decision, str]:
-    """The store's decision for a key: (decision, how), how 'stored' when it was there,
-    'tuned' when this process claimed and tuned it, 'adopted' when another process did
-    meanwhile, 'fallback' when one kept its claim past ``wait_seconds``. A stored value
+                   clock=time.monotonic, sleep=time.sleep) -> tuple[Decision, Settled]:
+    """The store's decision for a key: (decision, how), how ``STORED`` when it was there,
+    ``TUNED`` when this process claimed and tuned it, ``ADOPTED`` when another process did
+    meanwhile, ``FALLBACK`` when one kept its claim past ``wait_seconds``. A stored value
     that is not ``usable`` (an unknown winner, a damaged row) is tuned again and replaced."""
     owner = _owner()
     deadline, pause, waited = clock() + wait_seconds, 0.02, False
     while True:
         state, value = store.claim(namespace, key_string, checksum, owner, lease_seconds, _owner_gone,
                                    keep=usable)
-        if state == "decided":
-            return Decision.from_json(value), "adopted" if waited else "stored"
-        if state == "claimed":
+        if state == Claim.DECIDED:
+            return Decision.from_json(value), Settled.ADOPTED if waited else Settled.STORED
+        if state == Claim.CLAIMED:
             break
         if clock() > deadline:
             warnings.warn(f"jax_autotune: process {value} holds the tuning of a key for over "
                           f"{wait_seconds:.0f} s; using XLA's dot for it in this process",
                           ConsensusWarning, stacklevel=4)
-            return fallback(f"another process kept tuning this key over {wait_seconds:.0f} s"), "fallback"
+            return fallback(f"another process kept tuning this key over {wait_seconds:.0f} s"), Settled.FALLBACK
         waited = True
         sleep(pause * (0.5 + random.random()))
         pause = min(pause * 2, 1.0)
@@ -196,8 +210,8 @@ def decide_on_host(store: TuneStore, namespace: str, key_string: str, checksum: 
     finally:
         stop.set()
         renewer.join()
-    if mine.source != "tuned":  # a failed tuning is not stored: the next process tries again
+    if mine.source != Source.TUNED:  # a failed tuning is not stored: the next process tries again
         store.release(namespace, key_string, checksum, owner)
-        return mine, "tuned"
+        return mine, Settled.TUNED
     stored, inserted = store.put_if_absent(namespace, key_string, checksum, mine.to_json(), keep=usable)
-    return (mine, "tuned") if inserted else (Decision.from_json(stored), "adopted")
+    return (mine, Settled.TUNED) if inserted else (Decision.from_json(stored), Settled.ADOPTED)

@@ -16,6 +16,7 @@ empty until the key is exported, and optional in stored records and tables.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import sys
 import threading
@@ -27,9 +28,32 @@ from jax_autotune.errors import DecisionLogWarning
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
 
-OUTCOMES = ("ok", "compile_error", "resource_exhausted", "runtime_error", "wrong_result",
-            "no_timing", "skipped")
-SOURCES = ("tuned", "memory", "store", "table", "fallback", "adopted")
+class Outcome(enum.StrEnum):
+    """A candidate's fate for one key (stored as its value)."""
+
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    RUNTIME_ERROR = "runtime_error"
+    WRONG_RESULT = "wrong_result"
+    NO_TIMING = "no_timing"
+    SKIPPED = "skipped"
+
+
+class Source(enum.StrEnum):
+    """Where a decision came from (stored as its value): tuned here, this process's memory
+    table, the store, a tune table, XLA's dot because tuning failed, or another process's."""
+
+    TUNED = "tuned"
+    MEMORY = "memory"
+    STORE = "store"
+    TABLE = "table"
+    FALLBACK = "fallback"
+    ADOPTED = "adopted"
+
+
+OUTCOMES = tuple(o.value for o in Outcome)
+SOURCES = tuple(s.value for s in Source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +79,16 @@ class CandidateResult:
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
         object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
 
     @property
     def eligible(self) -> bool:
-        return self.outcome == "ok" and not self.pruned and self.score is not None
+        return self.outcome == Outcome.OK and not self.pruned and self.score is not None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["outcome"] = self.outcome.value
         data["samples"] = list(self.samples)
         return data
 
@@ -84,10 +110,15 @@ class Decision:
     timestamp: float = dataclasses.field(default_factory=time.time)
     device: str = ""  # device fingerprint
     checksum: str = ""  # of the candidate set it was chosen from
-    source: str = "tuned"
+    source: Source = Source.TUNED
     reason: str = ""  # why the winner is XLA's dot by default, when it is
     export_kernel: str = ""  # what the last jax.export of the key emitted
     export_reason: str = ""  # why that kernel, when it is not the winner
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
+        object.__setattr__(self, "source", Source(self.source))
 
     def result(self, name: str) -> CandidateResult | None:
         for result in self.results:
@@ -100,7 +131,7 @@ class Decision:
         result = self.result(self.winner)
         return result.score if result else None
 
-    def with_source(self, source: str) -> "Decision":
+    def with_source(self, source: Source) -> "Decision":
         return dataclasses.replace(self, source=source)
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +147,7 @@ class Decision:
             "timestamp": self.timestamp,
             "device": self.device,
             "checksum": self.checksum,
-            "source": self.source,
+            "source": self.source.value,
             "reason": self.reason,
             "export_kernel": self.export_kernel,
             "export_reason": self.export_reason,
@@ -138,13 +169,13 @@ class Decision:
             raise ValueError(f"decision: missing field {err.args[0]!r}") from err
         except TypeError as err:
             raise ValueError(f"decision: bad field types: {err}") from err
-        source = data.get("source", "store")
+        source = data.get("source", Source.STORE)
         return cls(key=key, problem=problem, winner=winner, results=results,
                    bounds=dict(data.get("bounds") or {}), limit=data.get("limit"),
                    tuning_seconds=float(data.get("tuning_seconds", 0.0)),
                    timestamp=float(data.get("timestamp", 0.0)), device=str(data.get("device", "")),
                    checksum=str(data.get("checksum", "")),
-                   source=source if source in SOURCES else "store",
+                   source=source if source in SOURCES else Source.STORE,
                    reason=str(data.get("reason", "")),
                    export_kernel=str(data.get("export_kernel") or ""),
                    export_reason=str(data.get("export_reason") or ""))

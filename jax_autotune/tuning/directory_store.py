@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from jax_autotune.tuning.store_protocol import (Expired, Keep, NamespaceFilter, Store, StoreEntry,
+from jax_autotune.tuning.store_protocol import (Claim, Expired, Keep, NamespaceFilter, Store, StoreEntry,
                                                 claim_is_busy, decode_value, encode_value)
 from jax_autotune.tuning.validation import LIMITS
 from jax_autotune.tuning.whole_files import (DENIED, create_once, read_whole, remove_if, replace_whole,
@@ -260,7 +260,7 @@ class DirectoryStore(Store):
 
     def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
               expired: Expired = lambda owner, expires: False,
-              keep: Keep = lambda value: True) -> tuple[str, Any]:
+              keep: Keep = lambda value: True) -> tuple[Claim, Any]:
         """The stored value, else the claim file (new, its own, or one whose lease ran out
         or whose owner ``expired`` says is gone), else busy.
 
@@ -271,13 +271,13 @@ class DirectoryStore(Store):
         mine = json.dumps({"namespace": namespace, "key": key, "checksum": checksum, "owner": owner,
                            "expires": time.time() + lease_seconds}).encode()
 
-        def body() -> tuple[str, Any]:
+        def body() -> tuple[Claim, Any]:
             folder.mkdir(parents=True, exist_ok=True)
             holder = ""
             for _ in range(_TRIES):
                 stored = self._kept(row, keep)
                 if stored is not None:
-                    return "decided", stored
+                    return Claim.DECIDED, stored
                 if create_once(claim, mine):
                     return self._claimed(row, claim, owner, expired, keep)
                 seen = self._peek(claim)
@@ -285,22 +285,22 @@ class DirectoryStore(Store):
                     continue  # released meanwhile
                 holder, expires = _holder(seen)
                 if claim_is_busy(holder, expires, owner, time.time(), expired):
-                    return "busy", holder
+                    return Claim.BUSY, holder
                 # its own, lapsed, or its owner gone: renewed or taken over
                 if self._exclusively(claim, owner, expired, lambda: self._replace_if(claim, seen, mine)):
                     return self._claimed(row, claim, owner, expired, keep)
-            return "busy", holder
+            return Claim.BUSY, holder
 
-        return self._writing(body) or ("claimed", None)
+        return self._writing(body) or (Claim.CLAIMED, None)
 
-    def _claimed(self, row: Path, claim: Path, owner: str, expired: Expired, keep: Keep) -> tuple[str, Any]:
+    def _claimed(self, row: Path, claim: Path, owner: str, expired: Expired, keep: Keep) -> tuple[Claim, Any]:
         """This process holds the claim: unless a decision was stored between the look and
         the claim (then the claim is dropped)."""
         stored = self._kept(row, keep)
         if stored is None:
-            return "claimed", None
+            return Claim.CLAIMED, None
         self._drop(claim, owner, expired)
-        return "decided", stored
+        return Claim.DECIDED, stored
 
     def _replace_if(self, path: Path, seen: bytes, data: bytes) -> bool:
         """Replace ``path`` with ``data`` if it still holds ``seen``; whether it did."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from jax_autotune.tuning.store_protocol import (Expired, Keep, NamespaceFilter, Store, StoreEntry,
+from jax_autotune.tuning.store_protocol import (Claim, Expired, Keep, NamespaceFilter, Store, StoreEntry,
                                                 encode_value)
 
 __all__ = ["MemoryStore"]
@@ -55,8 +55,8 @@ class MemoryStore(Store):
 
     def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
               expired: Expired = lambda owner, expires: False,
-              keep: Keep = lambda value: True) -> tuple[str, Any]:
-        return "claimed", None
+              keep: Keep = lambda value: True) -> tuple[Claim, Any]:
+        return Claim.CLAIMED, None
 
     def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:
         return False

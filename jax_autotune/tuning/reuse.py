@@ -24,9 +24,9 @@ from typing import Sequence
 from jax_autotune.epilogue import BARE
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning.candidates import Candidate
-from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.decision import Decision, Outcome
 
-_FAILED = ("wrong_result", "compile_error", "resource_exhausted", "runtime_error")
+_FAILED = (Outcome.WRONG_RESULT, Outcome.COMPILE_ERROR, Outcome.RESOURCE_EXHAUSTED, Outcome.RUNTIME_ERROR)
 
 
 def product_key(key: MatmulKey) -> MatmulKey:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jax_autotune.files import check_regular
-from jax_autotune.tuning.store_protocol import (Expired, Keep, NamespaceFilter, Store, StoreEntry,
+from jax_autotune.tuning.store_protocol import (Claim, Expired, Keep, NamespaceFilter, Store, StoreEntry,
                                                 claim_is_busy, encode_value)
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "SqliteStore"]
@@ -262,7 +262,7 @@ class SqliteStore(Store):
 
     def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
               expired: Expired = lambda owner, expires: False,
-              keep: Keep = lambda value: True) -> tuple[str, Any]:
+              keep: Keep = lambda value: True) -> tuple[Claim, Any]:
         """One transaction: the stored value, else the claim (new, its own, or one whose
         lease ran out or whose owner ``expired`` says is gone), else busy.
 
@@ -272,18 +272,18 @@ class SqliteStore(Store):
         def body(conn):
             value = self._kept(conn, namespace, key, checksum, keep)
             if value is not None:
-                return "decided", value
+                return Claim.DECIDED, value
             now = time.time()
             held = conn.execute(f"SELECT owner, expires FROM claims WHERE {_ROW}",
                                 (namespace, key, checksum)).fetchone()
             if held is not None and claim_is_busy(held[0], held[1], owner, now, expired):
-                return "busy", held[0]
+                return Claim.BUSY, held[0]
             conn.execute("INSERT OR REPLACE INTO claims (namespace, key, checksum, owner, expires) "
                          "VALUES (?, ?, ?, ?, ?)", (namespace, key, checksum, owner, now + lease_seconds))
-            return "claimed", None
+            return Claim.CLAIMED, None
 
         result = self._transaction(body)
-        return ("claimed", None) if result is None else result
+        return (Claim.CLAIMED, None) if result is None else result
 
     def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:
         return bool(self._transaction(lambda conn: conn.execute(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 import json
 import threading
 import warnings
@@ -31,11 +32,20 @@ from typing import Any, Callable, Iterable
 from jax_autotune.errors import StoreWarning
 from jax_autotune.tuning.validation import TuneTableError, check_text_size
 
-__all__ = ["Store", "StoreEntry", "NamespaceFilter", "claim_is_busy", "decode_value",
+__all__ = ["Store", "StoreEntry", "NamespaceFilter", "Claim", "claim_is_busy", "decode_value",
            "encode_value"]
 
 Keep = Callable[[dict], bool]
 Expired = Callable[[str, float], bool]
+
+
+class Claim(enum.StrEnum):
+    """What ``Store.claim`` found: a decision stored (with its value), the key claimed for
+    this owner, or another owner's claim in force (with its holder)."""
+
+    DECIDED = "decided"
+    CLAIMED = "claimed"
+    BUSY = "busy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +202,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def claim(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float,
               expired: Expired = lambda owner, expires: False,
-              keep: Keep = lambda value: True) -> tuple[str, Any]:
-        """``("decided", value)``, ``("claimed", None)`` or ``("busy", holder)``: one step
-        towards tuning a key once per store. Memory-only: always ``claimed``."""
+              keep: Keep = lambda value: True) -> tuple[Claim, Any]:
+        """``(Claim.DECIDED, value)``, ``(Claim.CLAIMED, None)`` or ``(Claim.BUSY, holder)``:
+        one step towards tuning a key once per store. Memory-only: always ``CLAIMED``."""
 
     @abc.abstractmethod
     def renew(self, namespace: str, key: str, checksum: str, owner: str, lease_seconds: float) -> bool:

@@ -49,8 +49,8 @@ from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.tuning import counters, export_choice, progress, reuse, xla_priming
 from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
-from jax_autotune.tuning.consensus import current_job, decide_in_job, decide_on_host, job_key
-from jax_autotune.tuning.decision import CandidateResult, Decision, log_decision
+from jax_autotune.tuning.consensus import Settled, current_job, decide_in_job, decide_on_host, job_key
+from jax_autotune.tuning.decision import CandidateResult, Decision, Outcome, Source, log_decision
 from jax_autotune.tuning.decisions import Installed, KnownDecisions
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.export_safety import allowed_targets
@@ -189,16 +189,16 @@ class Tuner:
                 usable=functools.partial(self.known.usable, key=key))
         else:
             decision, how = self._decide_in_job(job, key, problem, stored, mode)
-        if how == "stored":
+        if how == Settled.STORED:
             counters.bump("store_hits")
-            return decision.with_source("store"), True
-        if how == "adopted":
-            decision = dataclasses.replace(decision, source="adopted", device=self.device.fingerprint)
+            return decision.with_source(Source.STORE), True
+        if how == Settled.ADOPTED:
+            decision = dataclasses.replace(decision, source=Source.ADOPTED, device=self.device.fingerprint)
         log_decision(decision, config.get("log_decisions"))
         return decision, True
 
     def _decide_in_job(self, job, key: MatmulKey, problem: MatmulProblem, stored: Decision | None,
-                       mode: str) -> tuple[Decision, str]:
+                       mode: str) -> tuple[Decision, Settled]:
         """One decision per key in a jax.distributed job: proposed by the process that
         claims the key (its stored one, else tuned now), adopted by the others."""
         fallback = functools.partial(self._fallback, key, problem)
@@ -212,10 +212,10 @@ class Tuner:
             warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
                           f"{str(err)[:200]}); XLA's dot for this key in this process",
                           ConsensusWarning, stacklevel=4)
-            return fallback("the job's key-value store failed"), "fallback"
-        if how == "proposed" and stored is not None:
-            how = "stored"
-        if stored is None and decision.source in ("tuned", "adopted"):
+            return fallback("the job's key-value store failed"), Settled.FALLBACK
+        if how == Settled.PROPOSED and stored is not None:
+            how = Settled.STORED
+        if stored is None and decision.source in (Source.TUNED, Source.ADOPTED):
             self.known.keep_adopted(key, decision)
         return decision, how
 
@@ -261,7 +261,7 @@ class Tuner:
         except Exception as err:  # noqa: BLE001 - the user's export never fails because of the tuner
             name, reason = baseline, f"export choice failed ({type(err).__name__}: {err}): XLA's dot"[:500]
         recorded = dataclasses.replace(decision, export_kernel=name, export_reason=reason)
-        if (name, reason) != (decision.export_kernel, decision.export_reason) and decision.source != "fallback":
+        if (name, reason) != (decision.export_kernel, decision.export_reason) and decision.source != Source.FALLBACK:
             self.install(recorded)  # a fallback decision (never stored) is only logged
         log_decision(recorded, config.get("log_decisions"), event="jax_autotune.export")
         return self.candidate(name)
@@ -277,16 +277,16 @@ class Tuner:
         counters.bump("fallbacks")
         return Decision(key=key, problem=problem, winner=self.candidate_set.baseline.name,
                         device=self.device.fingerprint, checksum=self.checksum,
-                        source="fallback", reason=reason)
+                        source=Source.FALLBACK, reason=reason)
 
     @progress.reported  # a log record per key; a line on a terminal while a long one runs
     def _tune(self, key: MatmulKey, problem: MatmulProblem) -> Decision:
         started = self.clock()
         plan = make_plan(self.candidate_set, key, self.device)
         fields = dict(key=key, problem=problem, device=self.device.fingerprint,
-                      checksum=self.checksum, source="tuned")
+                      checksum=self.checksum, source=Source.TUNED)
         # the device cannot run these for this key: recorded, never compiled
-        unsupported = {c.name: CandidateResult(c.name, "skipped", round=DEMOTED,
+        unsupported = {c.name: CandidateResult(c.name, Outcome.SKIPPED, round=DEMOTED,
                                                error="cannot run this key on this device")
                        for c in plan.unsupported}
         if not plan.runnable:  # nothing to compare: XLA's dot, without a benchmark or probes
@@ -304,7 +304,7 @@ class Tuner:
                 outcome = benchmark_key(plan, problem, setup, budget)
         except Exception as err:  # noqa: BLE001 - tuning must never break the user's program
             counters.bump("fallbacks")
-            return Decision(**{**fields, "source": "fallback"}, winner=plan.baseline.name,
+            return Decision(**{**fields, "source": Source.FALLBACK}, winner=plan.baseline.name,
                             tuning_seconds=self.clock() - started,
                             reason=f"tuning failed: {type(err).__name__}: {err}"[:500])
         finally:
@@ -315,7 +315,7 @@ class Tuner:
             counters.bump("fallbacks")
             why = f" ({outcome.finish_reason})" if outcome.finish_reason else ""
             return Decision(winner=plan.baseline.name, reason=f"no candidate produced a valid timing{why}",
-                            **details, **{**fields, "source": "fallback"})
+                            **details, **{**fields, "source": Source.FALLBACK})
         return Decision(winner=outcome.winner, **details, **fields)
 
     def _ruled_out(self, key: MatmulKey, plan) -> dict[str, CandidateResult]:
@@ -324,11 +324,11 @@ class Tuner:
         if key.epilogue.is_bare or self.rules.reuse_ratio is None:
             return {}
         bare = self.lookup(reuse.product_key(key))
-        if bare is None or bare.source == "fallback":
+        if bare is None or bare.source == Source.FALLBACK:
             return {}
         rounds = {c.name: r.label for r in plan.runnable for c in r.candidates}
         lost = reuse.losers([c for r in plan.runnable for c in r.candidates], bare, self.rules.reuse_ratio)
-        return {name: CandidateResult(name, "skipped", round=rounds[name], error=why) for name, why in lost.items()}
+        return {name: CandidateResult(name, Outcome.SKIPPED, round=rounds[name], error=why) for name, why in lost.items()}
 
     def _budget(self) -> float:
         """Seconds a key's tuning may take: the rules', else the setting (a bad one raises)."""
