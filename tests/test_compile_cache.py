@@ -52,7 +52,8 @@ print(json.dumps({**counts, "error": error, "tuned": jat.stats()["tuned"],
 '''
 
 
-def run(tmp_path, winner, *extra, **env):
+def run(tmp_path, winner, *extra, stderr=None, **env):
+    """The worker's JSON line; ``stderr``, a list, receives what it printed there."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     environment = {k: v for k, v in os.environ.items()
@@ -62,6 +63,8 @@ def run(tmp_path, winner, *extra, **env):
     done = subprocess.run([sys.executable, "-P", str(script), winner, *extra],
                           env=environment, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -158,6 +161,40 @@ def test_importing_changes_nothing_in_jax_and_the_first_tuned_call_points_a_capp
     assert called["jax_persistent_cache_min_compile_time_secs"] == 0.0
     assert called["jax_compilation_cache_max_size"] == MAX_BYTES
     assert seen["disabled"] == seen["before"]  # every setting put back
+
+
+@pytest.mark.slow
+def test_a_cache_folder_written_without_the_cap_gets_access_times_and_no_warning(tmp_path):
+    pytest.importorskip("jax_autotune.kernels.cpu.native")
+    run(tmp_path, "xla_dot")
+    folder = tmp_path / "store" / DIRECTORY_NAME
+    for stamp in folder.glob("*-atime"):
+        stamp.unlink()  # as an uncapped process (an earlier version) leaves the folder
+    entries = sorted(folder.glob("*-cache"))
+    assert entries
+    printed = []
+    again = run(tmp_path, "native", stderr=printed)  # a new program: a write, which evicts first
+    assert "Error writing persistent compilation cache" not in printed[0], printed[0][-2000:]
+    assert again["compiles"] >= 1
+    for entry in entries:
+        stamp = entry.with_name(entry.name[:-len("-cache")] + "-atime")
+        assert int.from_bytes(stamp.read_bytes(), "little") > 0
+
+
+def test_access_times_are_added_only_where_missing(tmp_path):
+    from jax_autotune.tuning.compile_cache import add_missing_access_times
+    stem = "jit_f-" + "ab" * 32
+    (tmp_path / f"{stem}-cache").write_bytes(b"x")
+    kept = "jit_g-" + "cd" * 32
+    (tmp_path / f"{kept}-cache").write_bytes(b"y")
+    (tmp_path / f"{kept}-atime").write_bytes((7).to_bytes(8, "little"))
+    (tmp_path / "notes-cache").write_text("the user's")  # not JAX's name: left alone
+    assert add_missing_access_times(str(tmp_path)) == 1
+    assert int.from_bytes((tmp_path / f"{stem}-atime").read_bytes(), "little") == \
+        (tmp_path / f"{stem}-cache").stat().st_mtime_ns
+    assert int.from_bytes((tmp_path / f"{kept}-atime").read_bytes(), "little") == 7
+    assert not (tmp_path / "notes-atime").exists()
+    assert add_missing_access_times(str(tmp_path / "absent")) == 0
 
 
 def test_mode_off_changes_nothing_in_jax(tmp_path):

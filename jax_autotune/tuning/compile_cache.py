@@ -75,11 +75,43 @@ def enable(directory: str) -> str | None:
             for name, value in wanted.items():
                 _replaced[name] = getattr(jax.config, name)
                 jax.config.update(name, value)
+        if getattr(jax.config, "jax_compilation_cache_max_size", _NO_CAP) != _NO_CAP:
+            add_missing_access_times(directory)
         jax_cache.set_cache_dir(directory)
         if switching:  # JAX keeps the first directory's cache object until reset
             jax_cache.reset_cache()
         _ours = directory
         return directory
+
+
+def add_missing_access_times(directory: str) -> int:
+    """Give every executable in ``directory`` without one the access-time file JAX's
+    size cap reads (``<entry>-atime``: nanoseconds, 8 bytes little-endian), dated by the
+    executable's own mtime; how many it added. Entries written with no cap (an earlier
+    version of this package, or the cap off) have none, and JAX's eviction then fails on
+    every write with a warning.
+
+        >>> add_missing_access_times(directory_for(config.get("cache_dir")))
+        41
+    """
+    added = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    names = {entry.name for entry in entries}
+    for entry in entries:
+        stem = entry.name[:-len("-cache")]
+        if (entry.name.endswith("-cache") and is_entry(entry.name) and f"{stem}-atime" not in names
+                and entry.is_file(follow_symlinks=False)):
+            try:
+                stamp = entry.stat(follow_symlinks=False).st_mtime_ns.to_bytes(8, "little")
+                with open(os.path.join(directory, f"{stem}-atime"), "xb") as out:
+                    out.write(stamp)
+                added += 1
+            except OSError:  # raced by another process, or not writable: JAX warns, as before
+                pass
+    return added
 
 
 def disable() -> None:
