@@ -213,7 +213,6 @@ def jax_rows(case: Case, modes, dtype: str) -> list[dict]:
 
 def _peer_child(peer: str, cases: list) -> None:
     """In a child: one JSON line per (case, split) with the peer's bare forward time."""
-    del sys.argv[1:]  # tokamax's absl flags parse sys.argv and reject this child's own flags
     for name, experts, m, k, n, split in cases:
         row: dict = {"case": [name, split]}
         try:
@@ -242,7 +241,9 @@ def _tokamax_us(case: Case, split: str) -> dict:
     newer than it), and what the others raised."""
     import jax
     import jax.numpy as jnp
-    import tokamax
+
+    from jax_autotune.kernels.gpu.tokamax_ragged import import_tokamax
+    tokamax = import_tokamax()  # as the candidates import it: this child's own flags are not tokamax's
     x = jax.random.normal(jax.random.key(0), (case.m, case.k), jnp.bfloat16)
     w = jax.random.normal(jax.random.key(1), (case.experts, case.k, case.n), jnp.bfloat16)
     sizes = jnp.asarray(group_sizes(case, split))

@@ -5,12 +5,12 @@ and the tolerances by dtype, one table per kind of comparison.
     >>> assert rel_error(kernel(x, w), x64 @ w64) < REFERENCE_TOLERANCES["bfloat16"]
 """
 
+import jax.numpy as jnp
 import numpy as np
 
 
 def rand(seed, *shape, dtype="float32", scale=1.0):
     """Standard normal values times ``scale`` from their own ``seed`` (fresh, never zeros), as ``dtype``."""
-    import jax.numpy as jnp
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, dtype)
 
 
@@ -19,7 +19,6 @@ def rand_stream(seed):
     rng = np.random.default_rng(seed)
 
     def rand_from_stream(shape, dtype="float32"):
-        import jax.numpy as jnp
         return jnp.asarray(rng.standard_normal(shape), dtype)
     return rand_from_stream
 

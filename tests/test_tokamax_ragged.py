@@ -110,7 +110,7 @@ def test_tokamax_is_imported_without_parsing_the_user_s_own_flags(fake_tokamax, 
     with pytest.raises(flags.UnrecognizedFlagError):
         flags.FLAGS(sys.argv)  # what tokamax would do
     try:
-        assert tokamax_ragged._import_tokamax() is sys.modules["tokamax"]
+        assert tokamax_ragged.import_tokamax() is sys.modules["tokamax"]
         assert flags.FLAGS.is_parsed()
     finally:
         flags.FLAGS.unparse_flags()

@@ -28,7 +28,8 @@ def implementation_available(implementation: str) -> bool:
     return INSTALLED and (implementation != "triton" or triton_backend.SHIPPED)
 
 
-def _import_tokamax():
+def import_tokamax():
+    """``import tokamax``, absl's flags marked parsed first where the program never parsed them."""
     from absl import flags  # tokamax depends on absl
     # tokamax reads its options as absl flags and, where the program never parsed any,
     # parses sys.argv, which fails on any flag of the user's own program: mark them parsed
@@ -44,10 +45,10 @@ def tokamax_one(implementation: str):
     ``ragged_dot_general`` with ``implementation`` alone (it raises where that one cannot
     run the problem; tokamax does not fall back to another)."""
     def one(lhs, rhs, group_sizes, dimension_numbers, options):
-        tokamax = _import_tokamax()
+        tokamax = import_tokamax()
         return tokamax.ragged_dot_general(lhs, rhs, group_sizes, dimension_numbers,
                                           implementation=implementation, **options)
     return one
 
 
-__all__ = ["INSTALLED", "IMPLEMENTATIONS", "implementation_available", "tokamax_one"]
+__all__ = ["INSTALLED", "IMPLEMENTATIONS", "implementation_available", "import_tokamax", "tokamax_one"]
