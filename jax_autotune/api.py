@@ -220,7 +220,7 @@ def _left_plain(problem: MatmulProblem, epilogue: Epilogue | None) -> bool:
         return False
     if epilogue is not None and not epilogue.is_bare:
         problem = dataclasses.replace(problem, epilogue=epilogue)
-    return problem.key(config.get("level")) in keys
+    return problem.key(config.compile_policy().level) in keys
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):

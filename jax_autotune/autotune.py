@@ -180,7 +180,7 @@ class _Traces:
         for seen in _programs_seen:
             seen.add(traced.program)
         with leaving_plain(traced.left_plain):
-            linearized = reverse_mode(arrays) if config.get("context") == "full" else None
+            linearized = reverse_mode(arrays) if config.compile_policy().context == "full" else None
             if linearized is not None:
                 if linearized not in traced.backwards:  # per signature and differentiated leaves
                     traced.backwards[linearized] = with_tuned_backward(
@@ -225,7 +225,7 @@ def _as_checked(traced: _Traced) -> _Traced:
 def _keys_left_plain(program: str) -> frozenset:
     """The keys ``program`` leaves to lax on this platform; none where nothing was checked
     (or the store cannot say: never an error for the user's program)."""
-    if config.get("mode") == "off":
+    if config.compile_policy().mode == "off":
         return frozenset()
     try:
         return programs.left_plain(tuner_for(jax.default_backend()), program)
@@ -247,7 +247,8 @@ def _trace_settings() -> tuple:
     """What a trace depends on beyond the arguments: JAX's trace-time config (x64, the
     default matmul precision, ... as ``jax.jit`` keys its cache on them) and our level and
     context (read when the matmuls are bound)."""
-    return _jax_trace_context(), config.get("level"), config.get("context")
+    policy = config.compile_policy()
+    return _jax_trace_context(), policy.level, policy.context
 
 
 def _trace(fn, in_tree, leaves, is_array, avals) -> _Traced:
@@ -298,7 +299,7 @@ def _eval(closed, *args):
             out = bind(eqn, [read(v) for v in eqn.invars])
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
 
-    found = {} if config.get("context") == "off" else regions(
+    found = {} if config.compile_policy().context == "off" else regions(
         closed.jaxpr, {i: _labels(e) for i, e in enumerate(eqns) if _has_context(e)}, keeps_values=taken_by_value)
     deferred = {i for r in found.values() for i in (r.head, *r.members[:-1])}
     at_last = {r.last: r for r in found.values()}

@@ -28,6 +28,12 @@ setting in it.
 | compilation_cache | JAX_AUTOTUNE_COMPILATION_CACHE | true (JAX's cache beside the store) |
 | context        | JAX_AUTOTUNE_CONTEXT           | full (autotune keys each dot with its epilogue, backward too; forward; off) |
 | progress       | JAX_AUTOTUNE_PROGRESS          | auto (a line on a terminal; on, off) |
+
+The tuner reads none of these itself: ``policy()`` reads the tuning settings once where a
+compile's matmul lowering or a ``warmup`` starts and hands them down as a frozen
+``Policy``; ``store_choice()`` names the store. A trace or compile that meets a bad
+setting warns (``ConfigWarning``, naming it) and runs XLA's dot (``compile_policy()``);
+``update``, ``get``, ``policy`` and ``warmup`` raise ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any, Callable
 from jax_autotune.errors import ConfigError, ConfigWarning
 from jax_autotune.files import open_regular
 from jax_autotune.key import Level
+from jax_autotune.tuning.policy import Policy, StoreChoice
 
 MODES = ("tune", "cached", "require", "off")
 STORES = ("sqlite", "directory", "memory")
@@ -163,6 +170,7 @@ _lock = threading.Lock()
 _explicit: dict[str, Any] = {}
 _file_cache: dict[str, tuple[Path | None, dict[str, Any]]] = {}
 _warned_files: set[Path] = set()
+_warned_settings: set[str] = set()  # bad settings a compile has warned of
 # a line of TOML that names our table: [tool.jax_autotune...], tool.jax_autotune... =, or
 # (under [tool]) jax_autotune = / jax_autotune.x =
 _OUR_TABLE = re.compile(r"""^[ \t]*(\[\[?[ \t]*tool[ \t]*\.[ \t]*|tool[ \t]*\.[ \t]*)?"""
@@ -287,3 +295,51 @@ def reset() -> None:
         _explicit.clear()
         _file_cache.clear()
         _warned_files.clear()
+        _warned_settings.clear()
+
+
+def policy() -> Policy:
+    """The tuning settings now, as one frozen ``Policy`` (a bad one: ``ConfigError``).
+
+        >>> policy().mode
+        'tune'
+    """
+    return Policy(mode=get("mode"), level=get("level"), budget_seconds=get("budget_seconds"),
+                  log_decisions=get("log_decisions"), progress=get("progress"), context=get("context"))
+
+
+def compile_policy() -> Policy:
+    """``policy()`` for a trace or a compile: where a setting is bad, one ``ConfigWarning``
+    naming it and mode ``off`` (XLA's dot runs every tuned matmul: the user's matmul never
+    fails because of the tuner's settings).
+
+        >>> os.environ["JAX_AUTOTUNE_MODE"] = "fast"
+        >>> compile_policy().mode              # ConfigWarning: ... JAX_AUTOTUNE_MODE ...
+        'off'
+    """
+    try:
+        return policy()
+    except ConfigError as err:
+        warn_bad_setting(err)
+        return Policy(mode="off")
+
+
+def warn_bad_setting(err: ConfigError) -> None:
+    """One ``ConfigWarning`` per distinct bad setting: the compile runs XLA's dot."""
+    text = str(err)
+    with _lock:
+        if text in _warned_settings:
+            return
+        _warned_settings.add(text)
+    warnings.warn(f"jax_autotune: a bad setting ({text}); XLA's dot runs every tuned matmul "
+                  f"until it is fixed", ConfigWarning, stacklevel=3)
+
+
+def store_choice() -> StoreChoice:
+    """Which store the settings name (``cache``, ``cache_dir``, ``environment``, ``store``).
+
+        >>> open_store(store_choice())
+        SqliteStore('/home/me/.cache/jax_autotune/default.db', on disk)
+    """
+    return StoreChoice(cache=get("cache"), cache_dir=get("cache_dir"), environment=get("environment"),
+                       store=get("store"))

@@ -276,7 +276,11 @@ def dtype_name(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MatmulKey:
-    """The tune key: immutable, hashable, JSON round-trip, stable canonical string."""
+    """The tune key: immutable, hashable, JSON round-trip, stable canonical string.
+
+    ``level`` records the level the key was bucketed at (its tuning's roofline threshold):
+    not part of the key's identity, its JSON or its canonical string, so stored tables
+    read as before; a key read back from them carries the default."""
 
     m: int
     n: int
@@ -297,6 +301,7 @@ class MatmulKey:
     epilogue: Epilogue = BARE
     groups: int = 0  # a grouped matmul's number of groups; 0: dense
     ragged: str = ""  # its ragged dim (``RAGGED_MODES``)
+    level: str = dataclasses.field(default=Level.BALANCED.value, compare=False)
 
     def canonical(self) -> str:
         """One line, fields in declaration order, no spaces inside a value (the epilogue
@@ -312,6 +317,8 @@ class MatmulKey:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
+            if not field.compare:  # the level: not the key's identity
+                continue
             value = getattr(self, field.name)
             if isinstance(value, enum.Enum):
                 value = value.value
@@ -337,6 +344,8 @@ class MatmulKey:
         }
         values = {}
         for field in dataclasses.fields(cls):
+            if not field.compare:  # the level: never stored
+                continue
             if field.name not in data:
                 if field.name == "epilogue" or field.name in _DENSE_DEFAULTS:  # bare, dense
                     continue

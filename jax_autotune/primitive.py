@@ -42,7 +42,7 @@ from jax_autotune.kernels.xla import XLA_DOT, dimension_numbers, lax_precision, 
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.sharding import (ShardKernels, explicit_sharding, lowering_targets_many_devices,
                                    partitioned_matmul)
-from jax_autotune.registry import has_devices, tuner_for
+from jax_autotune.registry import has_devices, lowering_tuner
 from jax_autotune.tuning import lowering_warnings
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2 (see below for each)
@@ -73,7 +73,7 @@ def bind_matmul(lhs, rhs, problem: MatmulProblem, out_sharding=None):
     lhs, rhs, problem = _canonical_inputs(lhs, rhs, problem.bare())
     if out_sharding is not None and canonicalize_sharding is not None:
         out_sharding = canonicalize_sharding(out_sharding, "autotuned_matmul")
-    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.get("level")),
+    return matmul_p.bind(lhs, rhs, problem=problem, key=problem.key(config.compile_policy().level),
                          out_sharding=out_sharding)
 
 
@@ -90,7 +90,7 @@ def bind_fused(lhs, rhs, operands, problem: MatmulProblem):
                          f"the shapes {list(expected)} of {epilogue}")
     operands = tuple(x if x.dtype == o.dtype else lax.convert_element_type(x, o.dtype)
                      for x, o in zip(operands, epilogue.operands))
-    return fused_p.bind(lhs, rhs, *operands, problem=problem, key=problem.key(config.get("level")))
+    return fused_p.bind(lhs, rhs, *operands, problem=problem, key=problem.key(config.compile_policy().level))
 
 
 def _canonical_inputs(lhs, rhs, problem: MatmulProblem):
@@ -165,17 +165,19 @@ def _lowering(platform: str):
         LOWERINGS[platform] = LOWERINGS.get(platform, 0) + 1
         inputs = (lhs, rhs, *operands)
         target = (ctx.platforms or ctx.module_context.platforms)[0]  # this branch's platform
-        if not has_devices(target):  # lowered for a platform absent here: nothing to tune on
+        # lowered for a platform absent here (nothing to tune on), mode off, a bad setting
+        chosen = lowering_tuner(platform) if has_devices(target) else None
+        if chosen is None:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
+        tuner, policy = chosen
         for_export = _for_export(ctx)
         if lowering_targets_many_devices(ctx) and not for_export:  # jax.export takes no partitioner op
             # the product's Explicit sharding is the output's only for the matmul alone
             sharding = explicit_sharding(ctx.avals_out[0]) if problem.epilogue.is_bare else None
-            kernel = functools.partial(_partitioned, problem=problem, kernels=ShardKernels(platform),
-                                       out_sharding=sharding)
+            kernels = ShardKernels(platform, dataclasses.replace(policy, level=key.level))
+            kernel = functools.partial(_partitioned, problem=problem, kernels=kernels, out_sharding=sharding)
             return _emit(ctx, inputs, kernel)
-        tuner = tuner_for(platform)
-        candidate = tuner.emitted(problem, tuner.select(problem, key), for_export, target)
+        candidate = tuner.emitted(problem, tuner.select(problem, key, policy), for_export, target, policy)
         if candidate.fn is xla_dot:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key, out_sharding=out_sharding)
         try:

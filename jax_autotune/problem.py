@@ -181,7 +181,7 @@ class MatmulProblem:
             scale=scale_of(m, n, k),
             kind=kind_of(self.m, self.n, self.k),
             epilogue=self.epilogue,
-            groups=self.groups, ragged=self.ragged,
+            groups=self.groups, ragged=self.ragged, level=level.value,
         )
 
     def to_json(self) -> dict[str, Any]:

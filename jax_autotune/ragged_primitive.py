@@ -38,7 +38,7 @@ import jax_autotune.config as config
 from jax_autotune.kernels.ragged import XLA_RAGGED_DOT, served, xla_ragged_one
 from jax_autotune.primitive import _emit, _for_export, _impl, dispatch
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.registry import has_devices, ragged_tuner_for
+from jax_autotune.registry import has_devices, lowering_tuner
 from jax_autotune.sharding import lowering_targets_many_devices
 
 ragged_p = Primitive("autotuned_ragged_dot")
@@ -60,7 +60,7 @@ def _operands(lhs, rhs, group_sizes, problem: MatmulProblem):
 def bind_ragged(lhs, rhs, group_sizes, problem: MatmulProblem):
     """Bind the primitive; the key is computed here, at trace time, at the configured level."""
     return ragged_p.bind(*_operands(lhs, rhs, group_sizes, problem), problem=problem,
-                         key=problem.key(config.get("level")))
+                         key=problem.key(config.compile_policy().level))
 
 
 def bind_ragged_fused(lhs, rhs, group_sizes, operands, problem: MatmulProblem):
@@ -73,7 +73,7 @@ def bind_ragged_fused(lhs, rhs, group_sizes, operands, problem: MatmulProblem):
     operands = [x if x.dtype == o.dtype else lax.convert_element_type(x, o.dtype)
                 for x, o in zip(operands, problem.epilogue.operands)]
     return ragged_fused_p.bind(*_operands(lhs, rhs, group_sizes, problem), *operands, problem=problem,
-                               key=problem.key(config.get("level")))
+                               key=problem.key(config.compile_policy().level))
 
 
 def _abstract_eval(lhs, rhs, group_sizes, *operands, problem, key):
@@ -94,8 +94,11 @@ def _lowering(platform: str):
         target = (ctx.platforms or ctx.module_context.platforms)[0]
         if not has_devices(target) or _for_export(ctx) or lowering_targets_many_devices(ctx):
             return _xla_lowering(ctx, *inputs, problem=problem, key=key)
-        tuner = ragged_tuner_for(platform)
-        candidate = tuner.candidate(tuner.select(problem, key).winner)
+        chosen = lowering_tuner(platform, grouped=True)  # None: mode off, a bad setting
+        if chosen is None:
+            return _xla_lowering(ctx, *inputs, problem=problem, key=key)
+        tuner, policy = chosen
+        candidate = tuner.candidate(tuner.select(problem, key, policy).winner)
         if candidate is XLA_RAGGED_DOT:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key)
         try:

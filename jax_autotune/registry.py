@@ -14,6 +14,10 @@ off, JAX's persistent compilation cache is pointed beside the store
     >>> tuner.select(problem).winner
     'native_small_avx2_t1'
 
+A lowering asks ``lowering_tuner(platform)``: the tuner and the compile's ``Policy``
+(``config.compile_policy()``, read once there and passed to every tuner call), or None
+for XLA's dot (mode off, a bad setting).
+
 Grouped matmuls (``lax.ragged_dot``) have a tuner of their own per platform
 (``ragged_tuner_for``): the grouped candidates (``kernels.ragged``), the dense tuner's
 store and probes; its decisions sit beside the dense ones in the store, under their own
@@ -27,20 +31,21 @@ import warnings
 
 import jax
 
-from jax_autotune.errors import NativeKernelsWarning
 import jax_autotune.config as config
+from jax_autotune.errors import ConfigError, NativeKernelsWarning
 from jax_autotune.kernels.ragged import ragged_candidate_set
 from jax_autotune.kernels.xla import XLA_DOT
 from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo, device_info
-from jax_autotune.tuning.store import open_store
 from jax_autotune.tuning import programs
+from jax_autotune.tuning.policy import Policy
+from jax_autotune.tuning.store import StoreChoice, open_store
 from jax_autotune.tuning.tuner import Tuner
 
 _tuners: dict[str, Tuner] = {}  # by platform ("cpu", "gpu", ...)
 _ragged_tuners: dict[str, Tuner] = {}  # grouped matmuls', by platform
-_store_settings: dict[str, tuple] = {}  # the (cache, cache_dir, environment, store) each tuner uses
+_store_settings: dict[str, StoreChoice] = {}  # the store each tuner uses
 _compile_settings: tuple | None = None  # the (cache, store, cache_dir, compilation_cache, mode) in effect
 _tuners_lock = threading.Lock()
 _warned_native = False
@@ -89,10 +94,6 @@ def candidate_set_for(device: DeviceInfo) -> CandidateSet:
     return builder.build()
 
 
-def _current_store_settings() -> tuple:
-    return (config.get("cache"), config.get("cache_dir"), config.get("environment"), config.get("store"))
-
-
 def _follow_compilation_cache_setting() -> None:
     """Point JAX's compilation cache beside the store, or stop, when the settings changed
     (one process-wide cache, whatever the platform); with ``mode`` off, never."""
@@ -109,12 +110,13 @@ def _follow_compilation_cache_setting() -> None:
     _compile_settings = settings
 
 
-def _build(platform: str) -> Tuner:
+def _build(platform: str, choice: StoreChoice) -> Tuner:
     jax_device = jax.local_devices(backend=platform)[0]  # this process's own, in a multi-process job
     native = native_module(jax_device.platform)
     device = (device_info(jax_device, native.cpu_features(), native.isa()) if native
               else device_info(jax_device))
-    return Tuner(device, candidate_set_for(device), jax_device=jax_device, native=native)
+    return Tuner(device, candidate_set_for(device), store=open_store(choice), jax_device=jax_device,
+                 native=native)
 
 
 def has_devices(platform: str) -> bool:
@@ -137,17 +139,36 @@ def tuner_for(platform: str) -> Tuner:
     to that store (its memory table of decisions stays).
     """
     platform = "gpu" if platform in ("cuda", "rocm") else platform
-    settings = _current_store_settings()
+    choice = config.store_choice()
     with _tuners_lock:
         tuner = _tuners.get(platform)
         previous = _store_settings.get(platform)
         if tuner is None:
-            tuner = _tuners[platform] = _build(platform)
-        elif previous != settings:
-            tuner.use_store(open_store())
-        _store_settings[platform] = settings
+            tuner = _tuners[platform] = _build(platform, choice)
+        elif previous != choice:
+            tuner.use_store(open_store(choice))
+        _store_settings[platform] = choice
         _follow_compilation_cache_setting()
         return tuner
+
+
+def lowering_tuner(platform: str, grouped: bool = False) -> tuple[Tuner, Policy] | None:
+    """The tuner a matmul's lowering for ``platform`` asks (``grouped``: the grouped
+    matmuls' one) and the compile's policy, read here once; None where the lowering emits
+    XLA's dot without asking: mode ``off`` (no tuner is built), or a bad setting (one
+    ``ConfigWarning`` naming it: the user's matmul never fails because of the tuner).
+
+        >>> tuner, policy = lowering_tuner("cpu")
+        >>> tuner.select(problem, key, policy)
+    """
+    policy = config.compile_policy()
+    if policy.mode == "off":
+        return None
+    try:
+        return (ragged_tuner_for(platform) if grouped else tuner_for(platform)), policy
+    except ConfigError as err:  # a bad store setting (cache, cache_dir, environment, store)
+        config.warn_bad_setting(err)
+        return None
 
 
 def ragged_tuner_for(platform: str) -> Tuner:

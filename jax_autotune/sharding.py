@@ -35,10 +35,10 @@ from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_autotune.errors import ShardKernelError
-import jax_autotune.config as config
 from jax_autotune.kernels.xla import xla_dot
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.registry import tuner_for
+from jax_autotune.tuning.policy import DEFAULT_POLICY, Policy
 
 try:  # jax internals, unchanged from 0.10.2 to 0.11.2; without them: the global kernel
     from jax._src.core import ShardingTypeError
@@ -137,21 +137,26 @@ def plan_shards(problem: MatmulProblem, mesh_shape: dict, lhs_spec, rhs_spec) ->
 @dataclasses.dataclass(frozen=True)
 class ShardKernels:
     """``kernels(shard_problem) -> fn(lhs, rhs)``: the platform tuner's winner for the
-    per-shard key. Hashable: it is a static argument of the partitioned op."""
+    per-shard key, decided by the policy of the compile that lowered the op (its level:
+    the global key's). Hashable: it is a static argument of the partitioned op."""
 
     platform: str
+    policy: Policy = DEFAULT_POLICY
+
+    def key(self, shard: MatmulProblem):
+        return shard.key(self.policy.level)
 
     def __call__(self, shard: MatmulProblem) -> Callable:
         tuner = tuner_for(self.platform)
-        decision = tuner.select(shard, shard.key(config.get("level")))
+        decision = tuner.select(shard, self.key(shard), self.policy)
         candidate = tuner.candidate(decision.winner)
         return candidate.bound(shard)
 
 
-def _checked(kernels: Callable, shard: MatmulProblem, whole: MatmulProblem) -> Callable:
+def _checked(kernels: ShardKernels, shard: MatmulProblem, whole: MatmulProblem) -> Callable:
     """``kernels(shard)``, with a failure (choosing or tracing) re-raised naming the key:
     XLA hands the user only the text of what escapes the partition callback."""
-    where = (f"per-shard problem {shard.describe()} (key {shard.key(config.get('level')).canonical()}) "
+    where = (f"per-shard problem {shard.describe()} (key {kernels.key(shard).canonical()}) "
              f"of {whole.describe()}")
     try:
         kernel = kernels(shard)

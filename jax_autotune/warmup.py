@@ -61,6 +61,7 @@ from jax_autotune.ragged_primitive import ragged_fused_p, ragged_p
 TUNED_PRIMITIVES = (matmul_p, fused_p, ragged_p, ragged_fused_p)  # the ops a tuned key is bound as
 from jax_autotune.registry import ragged_tuner_for, tuner_for
 from jax_autotune.tuning.consensus import current_job
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
@@ -210,7 +211,9 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``compare``: for a ``jat.autotune`` function, time the whole program (``fn``, or with
     ``grad=True`` its value and gradient) tuned against plain, and leave the dots of the keys
     that make it slower to lax in that program (``program_check``; ``report.program``).
+    The settings (mode, level, budget, ...) are read once, here (a bad one: ``ConfigError``).
     """
+    policy = config.policy()
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
         if grad:  # a training step's keys: its forward under autodiff is not fn's alone
@@ -231,18 +234,17 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         if example_args:
             raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
         dtype = dtype_named(dtype, "warmup: dtype")
-        level = config.get("level")
-        work = [(p, p.key(level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
+        work = [(p, p.key(policy.level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
-    entries = _tuned(work, tuner, progress)
+    entries = _tuned(work, tuner, progress, policy)
     if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
-        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner)
+        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner, policy)
         return WarmupReport(tuple(entries), program)
     return WarmupReport(tuple(entries))
 
 
-def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress) -> list[WarmupEntry]:
+def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy) -> list[WarmupEntry]:
     """Each key of ``work`` decided (tuned where it must be), in the report's order."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
@@ -256,10 +258,10 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress) -> list
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
     # on a GPU: XLA autotunes every (dense) key's dots in one compile
-    tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups])
-    with over_keys(len(first_problem), progress) as track, \
+    tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
+    with over_keys(len(first_problem), progress, policy.progress) as track, \
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0])),
+        decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0], policy)),
                              first_problem.items())
         return [WarmupEntry.of(decision) for decision in track(decisions)]
 
@@ -269,10 +271,10 @@ def _tuner_of(key: MatmulKey, tuner):
     return ragged_tuner_for(tuner.device.platform) if key.groups else tuner
 
 
-def _compared(target, args, jaxprs, entries, program_ids, tuner) -> ProgramCheck | None:
+def _compared(target, args, jaxprs, entries, program_ids, tuner, policy: Policy) -> ProgramCheck | None:
     """The program tuned against plain (``program_check``); an earlier check's result when
     nothing was tuned now; None under a mode that tunes nothing."""
-    if config.get("mode") != "tune":
+    if not policy.tunes:
         return None
     uses: dict[MatmulKey, int] = {}
     for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):

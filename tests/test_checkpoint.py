@@ -17,6 +17,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 import jax_autotune as jat  # noqa: E402
 from jax_autotune import tuners as tuner_module  # noqa: E402
 from jax_autotune.checkpoint import TUNE_TABLE_FILENAME, TuneTableRestore, TuneTableSave  # noqa: E402
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import TuneStore  # noqa: E402
 from jax_autotune.tables.install import table  # noqa: E402
 from jax_autotune.tables.table_file import TuneTableError  # noqa: E402
@@ -58,7 +59,7 @@ def test_params_and_tune_table_round_trip_through_one_checkpoint_step(tmp_path, 
     restored = restore_step(tmp_path / "ckpt", params)
     assert restored.tune_table == saved
     np.testing.assert_array_equal(restored.params["w"], params["w"])
-    decision = serving.select(PROBLEM_A, mode="require")
+    decision = serving.select(PROBLEM_A, policy=Policy(mode="require"))
     assert decision.source == "memory" and decision.winner == "fast"
     assert len(serving.store.entries(serving.namespace)) == 2
 

@@ -15,9 +15,11 @@ import jax_autotune as jat
 from jax_autotune import cli
 from jax_autotune import tuners as tuner_module
 from jax_autotune.cli.table import format_seconds
+from jax_autotune import config
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.tables.install import table
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import DirectoryStore, TuneStore, open_store
 from jax_autotune.tables.summary import key_id
 from test_store import snapshot
@@ -40,7 +42,7 @@ def store_backend(request):
 @pytest.fixture
 def tuner(monkeypatch, store_backend):
     """The default backend's tuner: two tuned keys, in the configured (tmp) store."""
-    built = tuned_tuner(open_store())
+    built = tuned_tuner(open_store(config.store_choice()))
     monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), built)
     yield built
     built.store.close()
@@ -150,11 +152,11 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     _, out, _ = run(capsys, "show")
     assert "no tuned decisions" in out
 
-    fresh = make_tuner(open_store())  # a new process on the same machine
+    fresh = make_tuner(open_store(config.store_choice()))  # a new process on the same machine
     monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
     code, out, _ = run(capsys, "import", str(path))
     assert code == 0 and f"installed 2 decisions for {tuner.device.fingerprint}" in out
-    assert fresh.select(PROBLEM_A, mode="require").winner == "fast"
+    assert fresh.select(PROBLEM_A, policy=Policy(mode="require")).winner == "fast"
     _, out, _ = run(capsys, "show")
     assert key_id(PROBLEM_A.key()) in out and "fast" in out
 
@@ -197,7 +199,7 @@ def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, c
     edit_row(tuner.store, tuner.namespace, PROBLEM_A.key().canonical(), where, value)
 
     def command(*argv):  # each in a new process: nothing in memory, no warning given yet
-        monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), make_tuner(open_store()))
+        monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), make_tuner(open_store(config.store_choice())))
         return run(capsys, *argv)
 
     bad, good = key_id(PROBLEM_A.key()), key_id(PROBLEM_B.key())
@@ -349,7 +351,7 @@ def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, t
     table_file = tmp_path / "t.json"
     table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
     jat.config.update("store", backend)
-    database = open_store().path
+    database = open_store(config.store_choice()).path
     database.parent.mkdir(parents=True, exist_ok=True)
     database.write_bytes(b"not a database" * 100)
     code, out, err = run(capsys, command, *([str(table_file)] if command in ("export", "import") else []))
@@ -393,7 +395,7 @@ def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, t
     run(capsys, "export", str(path))
     run(capsys, "clear", "--yes")
     tuner.store.close()  # a new process: it opens the database again
-    fresh = make_tuner(open_store())
+    fresh = make_tuner(open_store(config.store_choice()))
     monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
     before = snapshot(fresh.store.path)
     real = os.access
@@ -408,7 +410,7 @@ def test_every_table_command_names_its_database_first(tuner, capsys, tmp_path):
     for argv in (["show"], ["explain", key_id(PROBLEM_A.key())], ["export", str(tmp_path / "t.json")],
                  ["import", str(tmp_path / "t.json")], ["clear", "--yes"]):
         code, _, err = run(capsys, *argv)
-        assert code == 0 and err.splitlines()[0] == f"database: {open_store().path}", argv
+        assert code == 0 and err.splitlines()[0] == f"database: {open_store(config.store_choice()).path}", argv
 
 
 def test_help_texts_have_no_double_backticks():
@@ -421,7 +423,7 @@ def test_help_texts_have_no_double_backticks():
 
 
 def test_show_into_a_closed_pipe_ends_quietly(tuner, tmp_path):
-    env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(open_store().path.parent)}
+    env = {**os.environ, "JAX_AUTOTUNE_CACHE_DIR": str(open_store(config.store_choice()).path.parent)}
     with subprocess.Popen([sys.executable, "-P", "-m", "jax_autotune", "show"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         proc.stdout.close()  # the reader is gone before anything is written (`show | head -0`)

@@ -195,3 +195,60 @@ def test_a_broken_jax_autotune_toml_is_a_config_error_naming_it(tmp_path):
     write(tmp_path / "jax_autotune.toml", 'mode = "cached\n')
     with pytest.raises(ConfigError, match=r"jax_autotune.toml: cannot read config file: TOMLDecodeError"):
         config.get("mode")
+
+
+@pytest.mark.parametrize("name, value", [("JAX_AUTOTUNE_BUDGET_SECONDS", "abc"), ("JAX_AUTOTUNE_MODE", "fast"),
+                                         ("JAX_AUTOTUNE_LEVEL", "huge"), ("JAX_AUTOTUNE_STORE", "nfs"),
+                                         ("JAX_AUTOTUNE_PROGRESS", "sometimes")])
+def test_a_compile_under_a_bad_setting_warns_once_naming_it_and_runs_xla_dot(tmp_path, monkeypatch, name, value):
+    import jax
+    import numpy as np
+    import jax_autotune as jat
+    from jax_autotune.tuners import reset_tuners
+    from jax_autotune.tuning.tuner import record_decisions
+    config.update("cache_dir", str(tmp_path / "cache"))
+    reset_tuners()
+    rng = np.random.default_rng(0)
+    a, b = (np.asarray(rng.standard_normal(shape), np.float32) for shape in ((24, 40), (40, 16)))
+    monkeypatch.setenv(name, value)
+    with pytest.warns(config.ConfigWarning, match=name) as record, record_decisions() as asked:
+        out = jax.jit(jat.matmul)(a, b)
+        again = jax.jit(lambda x, y: jat.matmul(x, y) * 2)(a[:7], b)
+    assert len([w for w in record if issubclass(w.category, config.ConfigWarning)]) == 1
+    assert asked == []  # no tuner was asked: XLA's dot, as lax runs it
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(jax.numpy.matmul)(a, b)))
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(jax.jit(lambda x, y: (x @ y) * 2)(a[:7], b)))
+    with pytest.raises(ConfigError, match=name):
+        config.policy() if name != "JAX_AUTOTUNE_STORE" else config.store_choice()
+    monkeypatch.delenv(name)
+    jax.clear_caches()
+    with record_decisions() as asked:
+        jax.jit(jat.matmul)(a, b)
+    assert [d.source for d in asked] == ["tuned"]  # fixed, the next compile tunes
+    reset_tuners()
+
+
+def test_policy_holds_the_tuning_settings_of_one_compile(monkeypatch):
+    monkeypatch.setenv("JAX_AUTOTUNE_MODE", "cached")
+    config.update("budget_seconds", 3)
+    config.update("log_decisions", "stderr")
+    policy = config.policy()
+    assert (policy.mode, policy.level, policy.budget_seconds, policy.log_decisions, policy.progress,
+            policy.context) == ("cached", "balanced", 3.0, "stderr", "auto", "full")
+    assert not policy.tunes and hash(policy) == hash(config.policy())
+    config.update("mode", "tune")
+    assert policy.mode == "cached" and config.policy().tunes  # frozen: a later change is a new policy
+
+
+def test_nothing_under_tuning_reads_the_configuration():
+    import ast
+    import pathlib
+    import jax_autotune
+    folder = pathlib.Path(jax_autotune.__file__).parent / "tuning"
+    readers = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            readers += [f"{path.name}: {n}" for n in names if n.startswith("jax_autotune.config")]
+    assert readers == []

@@ -19,6 +19,7 @@ import pytest
 
 from jax_autotune import config
 from jax_autotune.tuning import directory_store
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import DirectoryStore, JaxAutotuneStoreWarning, open_store
 from test_consensus import run_in_threads
 from test_store import deny_writes, served_read_only_by_nobody, snapshot, store_warnings
@@ -58,11 +59,11 @@ def test_each_row_is_one_json_file_named_by_hashes_in_a_folder_per_namespace(sto
 def test_the_directory_store_keeps_no_sqlite_file_and_the_tuner_reads_it_back(fresh_tuning, monkeypatch):
     from test_table import PROBLEM_A, make_tuner
     monkeypatch.setenv("JAX_AUTOTUNE_STORE", "directory")
-    tuner = make_tuner(open_store())
+    tuner = make_tuner(open_store(config.store_choice()))
     assert tuner.select(PROBLEM_A).source == "tuned"
     assert sorted(p.name for p in fresh_tuning.iterdir()) == ["default.d"]
     assert not any(p.suffix == ".db" or p.name.endswith(("-wal", "-shm")) for p in fresh_tuning.rglob("*"))
-    again = make_tuner(open_store())  # a new process
+    again = make_tuner(open_store(config.store_choice()))  # a new process
     decision = again.select(PROBLEM_A)
     assert decision.source == "store" and decision.winner == "fast"
 
@@ -178,18 +179,18 @@ def test_a_namespace_folder_this_process_may_not_list_is_skipped_with_one_warnin
 def test_a_decision_file_that_breaks_a_table_entrys_rules_is_skipped_and_retuned(fresh_tuning, monkeypatch):
     from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
     monkeypatch.setenv("JAX_AUTOTUNE_STORE", "directory")
-    tuned = tuned_tuner(open_store())
+    tuned = tuned_tuner(open_store(config.store_choice()))
     path = row_file(tuned.store, tuned.namespace, PROBLEM_A.key().canonical(), tuned.checksum)
     record = json.loads(path.read_text())
     record["value"]["results"][0]["score"] = "abc"
     path.write_text(json.dumps(record))
-    tuner = make_tuner(open_store())
+    tuner = make_tuner(open_store(config.store_choice()))
     with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row in the tune store folder") as seen:
         assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
-        assert tuner.select(PROBLEM_A, mode="cached").source == "fallback"
+        assert tuner.select(PROBLEM_A, policy=Policy(mode="cached")).source == "fallback"
     assert len(store_warnings(seen)) == 1
     assert tuner.select(PROBLEM_A).source == "tuned"  # and the file replaced
-    assert make_tuner(open_store()).select(PROBLEM_A).source == "store"
+    assert make_tuner(open_store(config.store_choice())).select(PROBLEM_A).source == "store"
 
 
 def test_temporary_and_set_aside_files_are_skipped_quietly(store):

@@ -17,6 +17,7 @@ from jax_autotune.tuning import counters, export_choice, export_safety
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.decision import CandidateResult, Decision
 from jax_autotune.tuning.export_choice import ranked
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning import tuner as tuner_module
 from jax_autotune.tuning.tuner import Tuner
@@ -145,10 +146,10 @@ def test_jit_emits_the_winner_and_export_the_fastest_safe_candidate(store, tmp_p
     tuner = make_tuner(store)
     decision = decision_of(tuner)
     log = tmp_path / "decisions.jsonl"
-    config.update("log_decisions", str(log))
-    assert tuner.emitted(PROBLEM, decision, False, "cpu").name == "host"
+    policy = Policy(log_decisions=str(log))
+    assert tuner.emitted(PROBLEM, decision, False, "cpu", policy).name == "host"
     assert not log.exists()  # jit lowerings log nothing
-    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu", policy).name == "mid"
     recorded = tuner.lookup(decision.key)
     assert recorded.winner == "host" and recorded.export_kernel == "mid"
     assert CALLBACK in recorded.export_reason and "fastest measured" in recorded.export_reason
@@ -187,10 +188,8 @@ def test_no_safe_measured_candidate_means_xla_dot(store):
 def test_a_decision_without_results_is_measured_at_export_in_mode_tune_only(store):
     tuner = make_tuner(store)
     decision = decision_of(tuner, results=[])
-    config.update("mode", "cached")
-    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu", Policy(mode="cached")).name == "xla_dot"
     assert counters.stats()["tuned"] == 0
-    config.update("mode", "tune")
     decision = tuner.select(PROBLEM)
     assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
     assert counters.stats()["tuned"] == 1
@@ -212,11 +211,10 @@ def test_a_failing_choice_never_fails_the_export(store, monkeypatch):
 
 def test_a_fallback_decision_is_logged_but_not_stored(store, tmp_path):
     tuner = make_tuner(store)
-    config.update("mode", "cached")
-    config.update("log_decisions", str(tmp_path / "log.jsonl"))
-    decision = tuner.select(PROBLEM)
+    policy = Policy(mode="cached", log_decisions=str(tmp_path / "log.jsonl"))
+    decision = tuner.select(PROBLEM, policy=policy)
     assert decision.source == "fallback"
-    assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
+    assert tuner.emitted(PROBLEM, decision, True, "cpu", policy).name == "xla_dot"
     assert tuner.lookup(decision.key) is None
     assert json.loads((tmp_path / "log.jsonl").read_text())["export_kernel"] == "xla_dot"
 

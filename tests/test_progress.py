@@ -19,6 +19,7 @@ from jax_autotune.config import ConfigError
 from jax_autotune.problem import problem_for
 from jax_autotune.tuning import progress
 from jax_autotune.tuning.decision import CandidateResult, Decision
+from jax_autotune.tuning.policy import Policy
 
 pytestmark = pytest.mark.usefixtures("fresh_tuning")  # tmp cache dir, no tuners, fresh counters
 
@@ -87,9 +88,8 @@ def test_a_key_decided_without_a_benchmark_is_a_debug_record_saying_why(caplog):
     ("off", False, True, True), ("on", True, False, False)])
 def test_progress_shows_on_a_terminal_unless_the_setting_or_the_argument_says(setting, terminal,
                                                                               requested, shown):
-    config.update("progress", setting)
     stream = Terminal() if terminal else io.StringIO()
-    assert progress.shows_progress(requested, stream) is shown
+    assert progress.shows_progress(requested, setting, stream) is shown
 
 
 def test_the_setting_takes_auto_on_off_and_booleans(monkeypatch):
@@ -126,11 +126,11 @@ def test_a_long_tuning_shows_one_line_on_a_terminal_that_ends_as_the_winner(monk
     monkeypatch.setattr(progress, "open_line", open_line)
     problem = problem_for(*operands(24, 16, 8))
 
-    def tune(tuner, key, problem):  # a tuning still running when its line opens
+    def tune(tuner, key, problem, policy):  # a tuning still running when its line opens
         assert opened.wait(timeout=60), "the line never opened"
         return _decision(problem)
 
-    decision = progress.reported(tune)(FAKE_TUNER, problem.key(), problem)
+    decision = progress.reported(tune)(FAKE_TUNER, problem.key(), problem, Policy())
     out = terminal.getvalue()
     assert f"jax_autotune: tuning {problem.describe()}" in out
     final = out.split("\r")[-1]
@@ -150,15 +150,17 @@ def test_no_line_opens_off_a_terminal_or_while_a_warmup_runs(monkeypatch):
 
     monkeypatch.setattr(progress, "_Line", Line)
     problem = problem_for(*operands(24, 16, 8))
-    tune = progress.reported(lambda tuner, key, problem: _decision(problem))
+    tune = progress.reported(lambda tuner, key, problem, policy: _decision(problem))
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    tune(FAKE_TUNER, problem.key(), problem)
+    tune(FAKE_TUNER, problem.key(), problem, Policy())
     assert opened == []
     monkeypatch.setattr(sys, "stderr", Terminal())
     with progress.over_keys(1, requested=False):
-        tune(FAKE_TUNER, problem.key(), problem)
+        tune(FAKE_TUNER, problem.key(), problem, Policy())
     assert opened == []
-    tune(FAKE_TUNER, problem.key(), problem)
+    tune(FAKE_TUNER, problem.key(), problem, Policy(progress="off"))
+    assert opened == []  # the policy's setting: no line
+    tune(FAKE_TUNER, problem.key(), problem, Policy())
     assert opened == [problem.describe()]
 
 

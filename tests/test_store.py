@@ -21,6 +21,7 @@ import pytest
 
 from jax_autotune import config
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import (DirectoryStore, JaxAutotuneStoreWarning, MemoryStore,
                                        SqliteStore, StoreEntry, TuneStore, open_store)
 
@@ -221,7 +222,7 @@ def test_namespace_helpers_carry_versions_and_fingerprint():
 def test_open_store_is_memory_only_when_the_cache_is_off(clean_config, tmp_path):
     config.update("cache_dir", tmp_path)
     config.update("cache", False)
-    s = open_store()
+    s = open_store(config.store_choice())
     s.put(NS, "k", "c", {"x": 1})
     assert s.path is None and not s.available
     assert list(tmp_path.iterdir()) == []
@@ -230,7 +231,7 @@ def test_open_store_is_memory_only_when_the_cache_is_off(clean_config, tmp_path)
 def test_open_store_uses_cache_dir_and_environment(clean_config, tmp_path):
     config.update("cache_dir", tmp_path / "dir")
     config.update("environment", "bench-1")
-    s = open_store()
+    s = open_store(config.store_choice())
     assert s.path == tmp_path / "dir" / "bench-1.db"
     s.put(NS, "k", "c", {"x": 1})
     s.close()
@@ -246,20 +247,20 @@ def test_open_store_opens_the_backend_the_store_setting_names(clean_config, tmp_
     monkeypatch.setenv("JAX_AUTOTUNE_STORE", value)
     config.update("cache_dir", tmp_path / "dir")
     config.update("environment", "bench-1")
-    s = open_store()
+    s = open_store(config.store_choice())
     assert type(s) is kind and s.path == (path and tmp_path / "dir" / path)
     s.put(NS, "k", "c", {"x": 1})
     assert s.get(NS, "k", "c") == (None if path is None else {"x": 1})
     made = {p.name.removesuffix("-wal").removesuffix("-shm") for p in (tmp_path / "dir").glob("*")}
     assert made == ({path} if path else set())
     config.update("cache", False)  # cache = 0 is memory only, whatever the backend
-    assert type(open_store()) is MemoryStore and "cache = 0" in open_store().check()
+    assert type(open_store(config.store_choice())) is MemoryStore and "cache = 0" in open_store(config.store_choice()).check()
 
 
 def test_a_store_setting_that_is_no_backend_is_a_config_error(clean_config, monkeypatch):
     monkeypatch.setenv("JAX_AUTOTUNE_STORE", "nfs")
     with pytest.raises(config.ConfigError, match="JAX_AUTOTUNE_STORE: expected one of sqlite, directory, memory"):
-        open_store()
+        open_store(config.store_choice())
 
 
 def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, monkeypatch):
@@ -267,7 +268,7 @@ def test_open_store_defaults_to_the_default_environment(clean_config, tmp_path, 
     monkeypatch.delenv("JAX_AUTOTUNE_CACHE", raising=False)
     monkeypatch.chdir(tmp_path)  # no config file above
     config.update("cache_dir", tmp_path)
-    assert open_store().path == tmp_path / "default.db"
+    assert open_store(config.store_choice()).path == tmp_path / "default.db"
 
 
 # -- concurrency ------------------------------------------------------------------------
@@ -442,7 +443,7 @@ def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tm
     with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row") as seen:
         assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
         assert [d.key for _, d in table(tuners=[tuner]).entries()] == [PROBLEM_B.key()]
-        assert tuner.select(PROBLEM_A, mode="cached").source == "fallback"  # never the bad row
+        assert tuner.select(PROBLEM_A, policy=Policy(mode="cached")).source == "fallback"  # never the bad row
     assert len(store_warnings(seen)) == 1
     decision = tuner.select(PROBLEM_A)  # mode tune: tuned again, and the row replaced
     assert decision.source == "tuned" and decision.winner == "fast"

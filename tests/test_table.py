@@ -20,6 +20,7 @@ from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.problem import MatmulProblem
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import TuneStore
@@ -293,11 +294,11 @@ def test_load_table_installs_into_the_memory_table_and_the_store(store, tmp_path
     counters.reset_stats()
     fresh = fresh_tuner(tmp_path)
     load_table(path, tuners=[fresh])
-    decision = fresh.select(PROBLEM_A, mode="require")
+    decision = fresh.select(PROBLEM_A, policy=Policy(mode="require"))
     assert decision.winner == "fast" and decision.source == "memory"
     assert counters.stats()["tuned"] == 0 and counters.stats()["candidate_runs"] == 0
     another_process = make_tuner(TuneStore(tmp_path / "fresh.db"))
-    assert another_process.select(PROBLEM_B, mode="require").source == "store"
+    assert another_process.select(PROBLEM_B, policy=Policy(mode="require")).source == "store"
 
 
 def test_load_table_without_install_changes_nothing(store, tmp_path):

@@ -8,12 +8,13 @@ import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
 from jax_autotune import config
-from jax_autotune.config import ConfigError
 from jax_autotune.tuning import counters
+from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.decision import DecisionLogWarning
 from jax_autotune.tuning.namespaces import decision_namespace
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.rules import TuningRules
 from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore
@@ -94,23 +95,22 @@ def test_a_stored_winner_unknown_to_this_build_is_retuned(store):
 
 
 def test_mode_off_always_uses_xla_dot_without_tuning(store):
-    decision = make_tuner(store).select(PROBLEM, mode="off")
+    decision = make_tuner(store).select(PROBLEM, policy=Policy(mode="off"))
     assert decision.winner == "xla_dot" and decision.source == "fallback"
     assert counters.stats()["tuned"] == 0
 
 
 def test_mode_cached_never_tunes_but_uses_what_is_stored(store):
-    miss = make_tuner(store).select(PROBLEM, mode="cached")
+    miss = make_tuner(store).select(PROBLEM, policy=Policy(mode="cached"))
     assert miss.winner == "xla_dot" and counters.stats()["tuned"] == 0
     make_tuner(store).select(PROBLEM)  # tune once
-    hit = make_tuner(store).select(PROBLEM, mode="cached")
+    hit = make_tuner(store).select(PROBLEM, policy=Policy(mode="cached"))
     assert hit.winner == "fast" and hit.source == "store"
 
 
 def test_mode_require_names_the_key_and_how_to_pretune_it(store):
-    config.update("mode", "require")
     with pytest.raises(KeyNotTunedError) as info:
-        make_tuner(store).select(PROBLEM)
+        make_tuner(store).select(PROBLEM, policy=Policy(mode="require"))
     message = str(info.value)
     assert PROBLEM.key().canonical() in message
     assert "jax_autotune.warmup" in message
@@ -177,8 +177,7 @@ def test_install_rejects_a_decision_whose_winner_is_unknown(store):
 def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
     import json
     log = tmp_path / "decisions.jsonl"
-    config.update("log_decisions", str(log))
-    make_tuner(store).select(PROBLEM)
+    make_tuner(store).select(PROBLEM, policy=Policy(log_decisions=str(log)))
     lines = log.read_text().splitlines()
     assert len(lines) == 1
     record = json.loads(lines[0])
@@ -281,14 +280,14 @@ def test_under_cached_or_require_a_rejected_entry_runs_with_xla_dot_and_warns_on
     hand_edit_winner(store, make_tuner(store, with_tiny_only()), "tiny_only")
     counters.reset_stats()
     serving = make_tuner(store, with_tiny_only())
-    first, second = serving.select(PROBLEM, mode=mode), serving.select(PROBLEM, mode=mode)
+    first, second = serving.select(PROBLEM, policy=Policy(mode=mode)), serving.select(PROBLEM, policy=Policy(mode=mode))
     assert first.winner == second.winner == "xla_dot" and first.source == "fallback"
     assert "tiny_only" in first.reason and counters.stats()["tuned"] == 0
     assert len(store_warnings(recwarn)) == 1
     other = MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32")
     if mode == "require":  # a key that is genuinely missing is still an error
         with pytest.raises(KeyNotTunedError):
-            serving.select(other, mode=mode)
+            serving.select(other, policy=Policy(mode=mode))
 
 
 def test_install_rejects_a_winner_that_cannot_run_the_key_and_require_then_uses_xla_dot(store):
@@ -298,9 +297,9 @@ def test_install_rejects_a_winner_that_cannot_run_the_key_and_require_then_uses_
     result = serving.install_many([dataclasses.replace(decision, winner="tiny_only")])
     assert result.installed == 0 and "'tiny_only' cannot run key" in result.rejected[0]
     assert serving.lookup(PROBLEM.key()) is None
-    assert serving.select(PROBLEM, mode="require").winner == "xla_dot"
+    assert serving.select(PROBLEM, policy=Policy(mode="require")).winner == "xla_dot"
     assert serving.install(decision)  # a usable one goes in
-    assert serving.select(PROBLEM, mode="require").winner == "fast"
+    assert serving.select(PROBLEM, policy=Policy(mode="require")).winner == "fast"
 
 
 def test_install_many_writes_every_decision_in_one_transaction(store):
@@ -343,14 +342,30 @@ def test_a_key_only_xla_dot_can_run_is_decided_without_benchmark_or_probes(store
 
 # ---------------------------------------------------------------- budget and logging
 
-def test_a_bad_budget_setting_is_a_config_error_from_select_not_a_silent_fallback(store, monkeypatch):
-    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", "abc")
+def test_the_tuner_reads_no_setting_only_the_policy_it_is_handed(store):
+    config.update("mode", "require")
+    config.update("budget_seconds", 1e-9)
     tuner = make_tuner(store)
-    with pytest.raises(ConfigError, match="JAX_AUTOTUNE_BUDGET_SECONDS"):
-        tuner.select(PROBLEM)
-    assert store.entries() == [] and tuner.lookup(PROBLEM.key()) is None
-    monkeypatch.setenv("JAX_AUTOTUNE_BUDGET_SECONDS", "5")
-    assert tuner.select(PROBLEM).source == "tuned"  # nothing was left pending
+    assert tuner.select(PROBLEM).source == "tuned"  # the default policy, whatever the settings say
+    other = MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32")
+    with pytest.raises(KeyNotTunedError):
+        tuner.select(other, policy=config.policy())
+
+
+def test_a_key_is_tuned_at_the_level_it_was_bucketed_at_not_the_policys(store, monkeypatch):
+    import jax_autotune.tuning.tuner as tuner_module
+    levels = []
+    real = tuner_module.benchmark_key
+
+    def recording(plan, problem, setup, budget):
+        levels.append(setup.level)
+        return real(plan, problem, setup, budget)
+
+    monkeypatch.setattr(tuner_module, "benchmark_key", recording)
+    key = PROBLEM.key("full")
+    assert key.level == "full" and "level" not in key.to_json() and key == MatmulKey.parse(key.canonical())
+    make_tuner(store).select(PROBLEM, key, Policy(level="minimal"))
+    assert levels == ["full"]
 
 
 def test_a_budget_spent_before_any_timing_still_measures_xla_dot_and_skips_the_rest(store):
@@ -376,11 +391,11 @@ def test_a_tuning_that_measured_nothing_is_not_stored(store):
 
 
 def test_a_decision_log_that_cannot_be_written_warns_once_and_never_raises(store, tmp_path):
-    config.update("log_decisions", str(tmp_path / "missing-folder" / "decisions.jsonl"))
+    policy = Policy(log_decisions=str(tmp_path / "missing-folder" / "decisions.jsonl"))
     tuner = make_tuner(store)
     with pytest.warns(DecisionLogWarning, match="missing-folder") as record:
-        assert tuner.select(PROBLEM).winner == "fast"
-        tuner.select(MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32"))
+        assert tuner.select(PROBLEM, policy=policy).winner == "fast"
+        tuner.select(MatmulProblem(1, 64, 8, 12, "float32", "float32", "float32"), policy=policy)
     assert len([w for w in record if issubclass(w.category, DecisionLogWarning)]) == 1
     assert not (tmp_path / "missing-folder").exists()
 

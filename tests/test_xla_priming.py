@@ -14,6 +14,7 @@ from jax_autotune.tuning.bench import CompileQueue
 from jax_autotune.tuning.candidates import CandidateSetBuilder
 from jax_autotune.tuning.compile_options import TUNER_COMPILER_OPTIONS
 from jax_autotune.tuning.device import DeviceInfo
+from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.tuner import Tuner
 
@@ -210,9 +211,7 @@ def test_tuner_prime_covers_the_keys_it_will_tune_and_no_others(store, primes):
     work = [(P1.key(), P1), (P2.key(), P2)]
     assert tuner.prime(work) == 2
     assert primes == [[(P2, "xla_dot"), (P2, "padded_like")]]
-    config.update("mode", "cached")  # nothing will be tuned
-    assert tuner.prime(work) == 0 and len(primes) == 1
-    config.update("mode", "tune")
+    assert tuner.prime(work, Policy(mode="cached")) == 0 and len(primes) == 1  # nothing will be tuned
     assert gpu_tuner(store, device=CPU).prime(work) == 0 and len(primes) == 1  # no GPU autotuner
 
 
@@ -220,7 +219,7 @@ def test_warmup_primes_every_key_before_tuning_them(monkeypatch, fresh_tuning):
     import jax_autotune as jat
 
     seen = []
-    monkeypatch.setattr(Tuner, "prime", lambda self, work: seen.append(sorted(p.m for _, p in work)) or 0)
+    monkeypatch.setattr(Tuner, "prime", lambda self, work, policy: seen.append(sorted(p.m for _, p in work)) or 0)
     config.update("mode", "off")  # the keys are not tuned: only the call is looked at
     report = jat.warmup([(16, 8, 12), (7, 5, 3)], dtype="float32", platform="cpu")
     assert seen == [[7, 16]] and len(report) == 2

@@ -19,6 +19,7 @@ import os
 import warnings
 from typing import Iterable, Iterator
 
+import jax_autotune.config as config
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
 from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
@@ -85,7 +86,7 @@ def stores_in_use(tuners: Iterable[Tuner]) -> Iterator[list[TuneStore]]:
     for tuner in tuners:
         if tuner.store.available:
             stores.setdefault(tuner.store.path, tuner.store)
-    configured = open_store()
+    configured = open_store(config.store_choice())
     owned = configured.available and configured.path not in stores
     if owned:
         stores[configured.path] = configured

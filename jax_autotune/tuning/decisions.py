@@ -19,7 +19,6 @@ import threading
 import warnings
 from typing import Callable, Iterable
 
-import jax_autotune.config as config
 from jax_autotune.errors import StoreWarning, TuneTableError
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import counters
@@ -56,7 +55,9 @@ class Installed:
 
 
 def instead(mode: str | None) -> str:
-    """What a rejected decision is replaced with under ``mode``."""
+    """What a rejected decision is replaced with under ``mode`` (None: a lookup, no mode)."""
+    if mode is None:
+        return "the key is tuned again in mode 'tune'; XLA's dot runs it otherwise"
     return "the key is tuned again" if mode == "tune" else "XLA's dot runs it"
 
 
@@ -101,7 +102,7 @@ class KnownDecisions:
 
     def stored(self, key: MatmulKey, mode: str | None = None) -> tuple[Decision | None, str]:
         """(the stored decision, '') or (None, why an entry of this key was rejected: ''
-        for a plain miss). A rejected entry warns once per key."""
+        for a plain miss). A rejected entry warns once per key, saying what ``mode`` does instead."""
         data = self.store.get(self.namespace, key.canonical(), self.checksum)
         decision = None if data is None else self._parsed(key.canonical(), data)
         if decision is None:  # missing, or a damaged value: a miss, re-tuned
@@ -111,7 +112,7 @@ class KnownDecisions:
             if key not in self._rejected:
                 self._rejected[key] = reason
                 warnings.warn(f"jax_autotune: ignoring the stored decision of {self.store.path}: "
-                              f"{reason}; {instead(mode or config.get('mode'))}", StoreWarning,
+                              f"{reason}; {instead(mode)}", StoreWarning,
                               stacklevel=5)
             return None, reason
         return decision.with_source("store"), ""

@@ -14,9 +14,10 @@ configures logging.
 
 On a terminal (stderr a TTY), a key whose tuning has run for ``SHOW_AFTER_SECONDS`` shows
 one tqdm line, which ends as the winner; ``warmup`` shows one bar over its keys instead
-(``over_keys``). The ``progress`` setting (``JAX_AUTOTUNE_PROGRESS``) decides: ``auto``
-(the default: on a terminal), ``on`` (on stderr whatever it is), ``off`` (no line, no bar,
-and the records drop to DEBUG, as ``jax_log_compiles`` does for JAX's compile records).
+(``over_keys``). The ``progress`` setting (``JAX_AUTOTUNE_PROGRESS``, handed in as
+``Policy.progress``) decides: ``auto`` (the default: on a terminal), ``on`` (on stderr
+whatever it is), ``off`` (no line, no bar, and the records drop to DEBUG, as
+``jax_log_compiles`` does for JAX's compile records).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
-import jax_autotune.config as config
 from jax_autotune.tuning.decision import Decision
 
 logger = logging.getLogger("jax_autotune")
@@ -41,12 +41,15 @@ _lock = threading.Lock()
 _warmups = 0  # warmups running now: their bar (or their silence) stands for every key's line
 
 
-def shows_progress(requested: bool | None = None, stream=None) -> bool:
+def shows_progress(requested: bool | None = None, setting: str = "auto", stream=None) -> bool:
     """Whether a line or bar goes to ``stream`` (default: stderr): ``requested`` when given
-    (warmup's ``progress=``), else the ``progress`` setting (``auto``: on a terminal)."""
+    (warmup's ``progress=``), else the ``progress`` setting (``auto``: on a terminal).
+
+        >>> shows_progress(None, "auto", io.StringIO())
+        False
+    """
     if requested is not None:
         return bool(requested)
-    setting = config.get("progress")
     if setting == "auto":
         stream = sys.stderr if stream is None else stream
         return bool(getattr(stream, "isatty", lambda: False)())
@@ -54,15 +57,17 @@ def shows_progress(requested: bool | None = None, stream=None) -> bool:
 
 
 @contextlib.contextmanager
-def over_keys(total: int, requested: bool | None = None) -> Iterator[Callable[[Iterable], Iterable]]:
+def over_keys(total: int, requested: bool | None = None,
+              setting: str = "auto") -> Iterator[Callable[[Iterable], Iterable]]:
     """Warmup's bar: ``track(decisions)`` yields them with one bar over ``total`` keys when
-    progress shows; while the block runs, no key shows a line of its own.
+    progress shows (``requested``, else ``setting``); while the block runs, no key shows a
+    line of its own.
 
-        >>> with over_keys(len(work), progress) as track:
+        >>> with over_keys(len(work), progress, policy.progress) as track:
         ...     entries = [WarmupEntry.of(d) for d in track(pool.map(select, work))]
     """
     global _warmups
-    show = total > 0 and shows_progress(requested)
+    show = total > 0 and shows_progress(requested, setting)
 
     def track(decisions: Iterable) -> Iterable:
         if not show:
@@ -80,32 +85,33 @@ def over_keys(total: int, requested: bool | None = None) -> Iterator[Callable[[I
 
 
 def reported(tune: Callable) -> Callable:
-    """Decorate ``Tuner._tune(self, key, problem) -> Decision``: log each decision, and on a
-    terminal show a line while a long tuning runs.
+    """Decorate ``Tuner._tune(self, key, problem, policy) -> Decision``: log each decision,
+    and on a terminal (``policy.progress``) show a line while a long tuning runs.
 
         >>> class Tuner:
         ...     @reported
-        ...     def _tune(self, key, problem): ...
+        ...     def _tune(self, key, problem, policy): ...
     """
     @functools.wraps(tune)
-    def reporting(tuner, key, problem):
-        line = _Line(problem.describe()) if _warmups == 0 and shows_progress() else None
+    def reporting(tuner, key, problem, policy):
+        line = _Line(problem.describe()) if _warmups == 0 and shows_progress(None, policy.progress) else None
         decision = None
         try:
-            decision = tune(tuner, key, problem)
+            decision = tune(tuner, key, problem, policy)
         finally:
             if line is not None:
                 line.finish(decision, tuner.candidate_set.baseline.name)
-        log(decision, tuner.candidate_set.baseline.name)
+        log(decision, tuner.candidate_set.baseline.name, policy.progress)
         return decision
     return reporting
 
 
-def log(decision: Decision, baseline: str) -> None:
+def log(decision: Decision, baseline: str, setting: str = "auto") -> None:
     """The decision's record on the ``jax_autotune`` logger (``extra``: ``record.decision``);
-    ``baseline`` names XLA's dot, whose time the record gives beside the winner's."""
+    ``baseline`` names XLA's dot, whose time the record gives beside the winner's; with the
+    ``progress`` setting ``off`` the record is DEBUG."""
     benchmarked = any(r.samples for r in decision.results)
-    level = logging.INFO if benchmarked and config.get("progress") != "off" else logging.DEBUG
+    level = logging.INFO if benchmarked and setting != "off" else logging.DEBUG
     if logger.isEnabledFor(level):
         logger.log(level, "tuned %s in %.2f s: %s", decision.problem.describe(),
                    decision.tuning_seconds, summary(decision, baseline), extra={"decision": decision})

@@ -40,15 +40,15 @@ import os
 from pathlib import Path
 
 from jax_autotune.errors import JaxAutotuneStoreWarning, StoreWarning
-import jax_autotune.config as config
 from jax_autotune.tuning.directory_store import DirectoryStore
 from jax_autotune.tuning.memory_store import MemoryStore
+from jax_autotune.tuning.policy import StoreChoice
 from jax_autotune.tuning.sqlite_store import BUSY_TIMEOUT_SECONDS, SqliteStore
 from jax_autotune.tuning.store_protocol import Store, StoreEntry
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "DirectoryStore", "JaxAutotuneStoreWarning", "MemoryStore",
-           "SqliteStore", "Store", "StoreEntry", "StoreWarning", "TuneStore", "open_store",
-           "store_location"]
+           "SqliteStore", "Store", "StoreChoice", "StoreEntry", "StoreWarning", "TuneStore",
+           "open_store", "store_location"]
 
 
 class TuneStore(Store):
@@ -78,20 +78,16 @@ def store_location(backend: str, cache_dir: str | os.PathLike, environment: str)
     return Path(cache_dir) / f"{environment}{suffix}"
 
 
-def open_store() -> Store:
-    """The store the configuration asks for: memory-only when ``cache`` is off or ``store``
-    is ``memory``, else the ``store`` backend at ``store_location(...)``.
+def open_store(choice: StoreChoice) -> Store:
+    """The store ``choice`` names: memory-only when ``cache`` is off or ``store`` is
+    ``memory``, else the ``store`` backend at ``store_location(...)``.
 
-        >>> from jax_autotune import config
-        >>> config.update("store", "directory")
-        >>> open_store()
+        >>> open_store(StoreChoice(cache=True, cache_dir="/home/me/.cache/jax_autotune", store="directory"))
         DirectoryStore('/home/me/.cache/jax_autotune/default.d', on disk)
-        >>> config.update("store", None)
     """
-    if not config.get("cache"):
+    if not choice.cache:
         return MemoryStore(why="cache = 0")
-    backend = config.get("store")
-    if backend == "memory":
+    if choice.store == "memory":
         return MemoryStore(why="store = memory")
-    location = store_location(backend, config.get("cache_dir"), config.get("environment"))
-    return DirectoryStore(location) if backend == "directory" else SqliteStore(location)
+    location = store_location(choice.store, choice.cache_dir, choice.environment)
+    return DirectoryStore(location) if choice.store == "directory" else SqliteStore(location)

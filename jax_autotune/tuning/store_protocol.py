@@ -11,7 +11,7 @@ matched character for character; a claim is busy while another owner's lease run
 warns once and from then on behaves as a memory-only store.
 
     >>> from jax_autotune.tuning.store import open_store
-    >>> store = open_store()                       # the backend the settings name
+    >>> store = open_store(config.store_choice())  # the backend the settings name
     >>> store.put("throughput/0.1.0/cpu", "peaks", "v1", {"flops": 1e12})
     True
     >>> store.get("throughput/0.1.0/cpu", "peaks", "v1")
@@ -123,7 +123,7 @@ class Store(abc.ABC):
     """A (namespace, key, checksum) -> JSON object store that never raises for disk
     trouble. The methods every backend has, and the state and warnings they share.
 
-        >>> with open_store() as store:
+        >>> with open_store(config.store_choice()) as store:
         ...     store.claim(ns, "k1", "c1", "host:123:ab", lease_seconds=15)
         ('claimed', None)
     """

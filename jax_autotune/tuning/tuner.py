@@ -5,7 +5,8 @@ table, the store, rejected entries) and the benchmark of one key (``tuning.bench
 says what a miss means under each mode and who decides (``tuning.consensus``), and which
 candidate a lowering emits (``emitted``; under jax.export ranked by ``tuning.export_choice``).
 
-``Tuner.select(problem, key)`` looks up, in order:
+``Tuner.select(problem, key, policy)`` looks up, in order (``policy``: the settings of the
+compile or warmup that asks, ``tuning.policy``; the tuner reads no setting itself):
 
 1. the memory table (``memory_hits``);
 2. the persistent store, under (canonical key, candidate-set checksum) (``store_hits``);
@@ -21,8 +22,7 @@ key and the candidate; the key is then tuned again, or (``cached``, ``require``)
 with XLA's dot: the key is in the table, so ``require`` does not raise for it.
 
 A key being tuned is pending: another thread asking for it waits for that decision.
-Errors never escape tuning: if anything fails, the decision is XLA's dot with the reason
-(a bad setting, e.g. ``budget_seconds``, is the user's: its ``ConfigError`` propagates).
+Errors never escape tuning: if anything fails, the decision is XLA's dot with the reason.
 A tuning that measured nothing valid is a fallback, kept in memory only.
 
     >>> tuner = jax_autotune.registry.tuner_for("cpu")      # the registry builds tuners
@@ -42,7 +42,6 @@ from typing import Callable, Iterable
 
 import jax
 
-import jax_autotune.config as config
 from jax_autotune.errors import ConsensusWarning, KeyNotTunedError
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem, problem_for
@@ -55,9 +54,10 @@ from jax_autotune.tuning.decisions import Installed, KnownDecisions
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.export_safety import allowed_targets
 from jax_autotune.tuning.plan import DEMOTED, make_plan
+from jax_autotune.tuning.policy import DEFAULT_POLICY, Policy
 from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
-from jax_autotune.tuning.store import TuneStore, open_store
+from jax_autotune.tuning.store import TuneStore
 from jax_autotune.tuning.timing import Timer, timer_for
 
 _recorders: list[list] = []
@@ -95,13 +95,13 @@ def _record(decision: Decision) -> Decision:
 class Tuner:
     """Decisions for one device: what is known (``known``), what a miss means, the benchmark."""
 
-    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, jax_device=None,
-                 timer: Timer | None = None, store: TuneStore | None = None,
+    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, store: TuneStore,
+                 jax_device=None, timer: Timer | None = None,
                  rules: TuningRules | None = None, clock: Callable[[], float] = time.perf_counter,
                  probes: Probes | None = None, native=None):
         self.device, self.candidate_set, self.jax_device = device, candidate_set, jax_device
         self.timer = timer or timer_for(device.platform)
-        self.known = KnownDecisions(device, candidate_set, store if store is not None else open_store())
+        self.known = KnownDecisions(device, candidate_set, store)
         self.namespace, self.checksum = self.known.namespace, self.known.checksum
         self.rules = rules or DEFAULT_RULES
         self.clock = clock
@@ -156,19 +156,20 @@ class Tuner:
 
     # ---------------------------------------------------------------- deciding
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
-               mode: str | None = None) -> Decision:
-        """The key's decision: memory, the store, or by ``mode`` (see the module docstring)."""
-        key = key or problem.key(config.get("level"))
-        mode = mode or config.get("mode")
-        if mode == "off":
+               policy: Policy = DEFAULT_POLICY) -> Decision:
+        """The key's decision: memory, the store, or by ``policy.mode`` (see the module
+        docstring); ``key`` defaults to the problem's at ``policy.level``."""
+        key = key or problem.key(policy.level)
+        if policy.mode == "off":
             return self._fallback(key, problem, "mode off")
-        return _record(self.known.known_or_decided(key, lambda: self._decide(key, problem, mode)))
+        return _record(self.known.known_or_decided(key, lambda: self._decide(key, problem, policy)))
 
-    def _decide(self, key: MatmulKey, problem: MatmulProblem, mode: str) -> tuple[Decision, bool]:
+    def _decide(self, key: MatmulKey, problem: MatmulProblem, policy: Policy) -> tuple[Decision, bool]:
         """A key missing from memory: the store's decision, or one made now, once per
         host (claims in the store) or per job (``tuning.consensus``); and whether to keep
         it in memory (not XLA's dot standing in under cached or require: a table loaded
         later serves the key)."""
+        mode = policy.mode
         stored, rejected = self.known.stored(key, mode)
         job = current_job()
         if job is None and stored is not None:
@@ -184,30 +185,30 @@ class Tuner:
         fallback = functools.partial(self._fallback, key, problem)
         if job is None:
             decision, how = decide_on_host(
-                self.store, self.namespace, key.canonical(), self.checksum, functools.partial(self._tune, key, problem),
-                fallback, self.rules.claim_lease_seconds, self.rules.peer_wait(self._budget()),
-                usable=functools.partial(self.known.usable, key=key))
+                self.store, self.namespace, key.canonical(), self.checksum,
+                functools.partial(self._tune, key, problem, policy), fallback, self.rules.claim_lease_seconds,
+                self.rules.peer_wait(self._budget(policy)), usable=functools.partial(self.known.usable, key=key))
         else:
-            decision, how = self._decide_in_job(job, key, problem, stored, mode)
+            decision, how = self._decide_in_job(job, key, problem, stored, policy)
         if how == Settled.STORED:
             counters.bump("store_hits")
             return decision.with_source(Source.STORE), True
         if how == Settled.ADOPTED:
             decision = dataclasses.replace(decision, source=Source.ADOPTED, device=self.device.fingerprint)
-        log_decision(decision, config.get("log_decisions"))
+        log_decision(decision, policy.log_decisions)
         return decision, True
 
     def _decide_in_job(self, job, key: MatmulKey, problem: MatmulProblem, stored: Decision | None,
-                       mode: str) -> tuple[Decision, Settled]:
+                       policy: Policy) -> tuple[Decision, Settled]:
         """One decision per key in a jax.distributed job: proposed by the process that
         claims the key (its stored one, else tuned now), adopted by the others."""
         fallback = functools.partial(self._fallback, key, problem)
         propose = (lambda: stored) if stored is not None else (
-            (lambda: fallback("mode cached: key not in the table")) if mode == "cached"
-            else functools.partial(self._tune, key, problem))
+            (lambda: fallback("mode cached: key not in the table")) if policy.mode == "cached"
+            else functools.partial(self._tune, key, problem, policy))
         try:
             decision, how = decide_in_job(job, job_key(self.device.platform, self.checksum, key.canonical()),
-                                          propose, fallback, self.rules.peer_wait(self._budget()))
+                                          propose, fallback, self.rules.peer_wait(self._budget(policy)))
         except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
             warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
                           f"{str(err)[:200]}); XLA's dot for this key in this process",
@@ -219,15 +220,16 @@ class Tuner:
             self.known.keep_adopted(key, decision)
         return decision, how
 
-    def measure(self, problem: MatmulProblem, key: MatmulKey | None = None) -> Decision:
+    def measure(self, problem: MatmulProblem, key: MatmulKey | None = None,
+                policy: Policy = DEFAULT_POLICY) -> Decision:
         """Benchmark the key now and return the decision; nothing is stored or replaced
         (an export ranks a decision that holds no measured results with it).
 
             >>> tuner.measure(problem).results
         """
-        return self._tune(key or problem.key(config.get("level")), problem)
+        return self._tune(key or problem.key(policy.level), problem, policy)
 
-    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]]) -> int:
+    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]], policy: Policy = DEFAULT_POLICY) -> int:
         """On a GPU, autotune in one compile the XLA dots of every key of ``work`` that
         will be tuned (``tuning.xla_priming``): their tunings then take XLA's kept
         choices. How many XLA-based candidates it primed.
@@ -235,7 +237,7 @@ class Tuner:
             >>> tuner.prime([(problem.key(), problem) for problem in problems])
             14
         """
-        if self.device.platform != "gpu" or config.get("mode") != "tune":
+        if self.device.platform != "gpu" or not policy.tunes:
             return 0
         pairs = [(problem, candidate) for key, problem in work if self.lookup(key) is None
                  for candidate in xla_round(make_plan(self.candidate_set, key, self.device))]
@@ -243,7 +245,7 @@ class Tuner:
 
     # ---------------------------------------------------------------- what a lowering emits
     def emitted(self, problem: MatmulProblem, decision: Decision, for_export: bool,
-                platform: str) -> Candidate:
+                platform: str, policy: Policy = DEFAULT_POLICY) -> Candidate:
         """The candidate a lowering for ``platform`` emits for ``decision``: its winner, or
         under jax.export the fastest candidate jax.export takes (``tuning.export_choice``),
         the choice kept on the decision and logged.
@@ -255,7 +257,7 @@ class Tuner:
             return self.candidate(decision.winner)
         baseline = self.candidate_set.baseline.name
         try:
-            measure = functools.partial(self.measure, problem, decision.key) if config.get("mode") == "tune" else None
+            measure = functools.partial(self.measure, problem, decision.key, policy) if policy.tunes else None
             name, reason = export_choice.choose(decision, functools.partial(self._export_safety, problem, platform),
                                                 allowed_targets(), baseline, measure)
         except Exception as err:  # noqa: BLE001 - the user's export never fails because of the tuner
@@ -263,7 +265,7 @@ class Tuner:
         recorded = dataclasses.replace(decision, export_kernel=name, export_reason=reason)
         if (name, reason) != (decision.export_kernel, decision.export_reason) and decision.source != Source.FALLBACK:
             self.install(recorded)  # a fallback decision (never stored) is only logged
-        log_decision(recorded, config.get("log_decisions"), event="jax_autotune.export")
+        log_decision(recorded, policy.log_decisions, event="jax_autotune.export")
         return self.candidate(name)
 
     def _export_safety(self, problem: MatmulProblem, platform: str, name: str):
@@ -280,7 +282,7 @@ class Tuner:
                         source=Source.FALLBACK, reason=reason)
 
     @progress.reported  # a log record per key; a line on a terminal while a long one runs
-    def _tune(self, key: MatmulKey, problem: MatmulProblem) -> Decision:
+    def _tune(self, key: MatmulKey, problem: MatmulProblem, policy: Policy) -> Decision:
         started = self.clock()
         plan = make_plan(self.candidate_set, key, self.device)
         fields = dict(key=key, problem=problem, device=self.device.fingerprint,
@@ -295,10 +297,9 @@ class Tuner:
         ruled_out = self._ruled_out(key, plan)
         plan = plan.without(ruled_out)
         unsupported.update(ruled_out)
-        budget = self._budget()
+        budget = self._budget(policy)
         counters.bump("tuned")
-        setup = Setup(self.device, self._jax_device(), self.timer, self.probes, self.rules, self.clock,
-                      config.get("level"))
+        setup = Setup(self.device, self._jax_device(), self.timer, self.probes, self.rules, self.clock, key.level)
         try:
             with jax.transfer_guard("allow"):
                 outcome = benchmark_key(plan, problem, setup, budget)
@@ -330,9 +331,9 @@ class Tuner:
         lost = reuse.losers([c for r in plan.runnable for c in r.candidates], bare, self.rules.reuse_ratio)
         return {name: CandidateResult(name, Outcome.SKIPPED, round=rounds[name], error=why) for name, why in lost.items()}
 
-    def _budget(self) -> float:
-        """Seconds a key's tuning may take: the rules', else the setting (a bad one raises)."""
-        return self.rules.budget_seconds or config.get("budget_seconds")
+    def _budget(self, policy: Policy) -> float:
+        """Seconds a key's tuning may take: the rules', else the policy's."""
+        return self.rules.budget_seconds or policy.budget_seconds
 
     def _jax_device(self):
         if self.jax_device is None:
@@ -342,7 +343,7 @@ class Tuner:
 
 def _require_message(key: MatmulKey, problem: MatmulProblem) -> str:
     return (f"jax_autotune: mode 'require' and no tuned decision for key [{key.canonical()}]. "
-            f"Pre-tune it with {tuning_call(key, problem, config.get('level'))} (in mode 'tune'), or "
+            f"Pre-tune it with {tuning_call(key, problem, key.level)} (in mode 'tune'), or "
             f"jax_autotune.warmup(fn, *example_args) with the jat.autotune(...) function this "
             f"compile runs, or load a tune table with jax_autotune.load_table(path).")
 
