@@ -135,11 +135,12 @@ def timed_probes() -> dict[str, float]:
 def timeline_of(tuner, timer, origin, text: str) -> dict:
     """Tune one key (``dtype:MxNxK``), its decision and the timeline of its compiles and runs."""
     from jax_autotune.problem import MatmulProblem
+    from jax_autotune import config
     dtype, m, n, k = parse_key(text)
     problem = MatmulProblem(1, m, n, k, dtype, dtype, dtype)
     timer.events = []
     origin[0] = time.perf_counter()
-    decision = tuner.select(problem)
+    decision = tuner.select(problem, policy=config.policy())
     wall = time.perf_counter() - origin[0]
     entry = {"key": text, "wall_s": wall, "winner": decision.winner,
              "phase_seconds": decision.bounds.get("phase_seconds"),

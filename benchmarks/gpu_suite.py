@@ -108,6 +108,7 @@ def floor_us(c: Case) -> float:
 def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
     import jax
     import jax_autotune as jat
+    from jax_autotune import config
     from jax_autotune.kernels.xla import xla_dot
     from jax_autotune.problem import MatmulProblem
     from jax_autotune.registry import tuner_for
@@ -125,7 +126,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
         operands = random_operands(problem, device, seed=7)
         before = counters.stats()
         t0 = time.perf_counter()
-        decision = tuner.select(problem)
+        decision = tuner.select(problem, policy=config.policy())
         cold_s = time.perf_counter() - t0
         after = counters.stats()
         winner = tuner.candidate(decision.winner)

@@ -9,8 +9,7 @@ import pytest
 os.environ.setdefault("JAX_AUTOTUNE_COMPILATION_CACHE", "0")
 
 from jax_autotune import config  # noqa: E402
-from jax_autotune.tuners import reset_tuners  # noqa: E402
-from jax_autotune.tuning import counters  # noqa: E402
+from jax_autotune.registry import RUNTIME  # noqa: E402
 from jax_autotune.tuning.store import TuneStore  # noqa: E402
 
 
@@ -35,9 +34,9 @@ def isolated_cache(tmp_path_factory):
     os.environ.pop("JAX_AUTOTUNE_MODE", None)
     # tests time real candidates; keep each key's tuning short
     os.environ.setdefault("JAX_AUTOTUNE_BUDGET_SECONDS", "2")
-    reset_tuners()
+    RUNTIME.reset()
     yield directory
-    reset_tuners()
+    RUNTIME.reset()
 
 
 @pytest.fixture
@@ -45,11 +44,10 @@ def fresh_tuning(tmp_path):
     """An empty store and memory table for one test; config and counters restored after."""
     config.reset()
     config.update("cache_dir", str(tmp_path / "cache"))
-    reset_tuners()
-    counters.reset_stats()
+    RUNTIME.reset()  # tuners, stores, program records, counters
     yield tmp_path / "cache"
     config.reset()
-    reset_tuners()
+    RUNTIME.reset()
 
 
 @pytest.fixture

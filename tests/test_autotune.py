@@ -18,7 +18,7 @@ from jax import lax
 
 import jax_autotune as jat
 from jax_autotune import config, primitive
-from jax_autotune.tuners import reset_tuners
+from jax_autotune.registry import RUNTIME
 from jax_autotune.warmup import equations
 import numerics
 
@@ -512,7 +512,7 @@ def test_warmup_tunes_exactly_the_keys_a_compile_asks_for(fresh_tuning, tmp_path
     assert len(compiled_keys) >= 3  # the forward matmuls and their backward layouts
 
     config.update("cache_dir", str(tmp_path / "second"))  # start again: an empty store and table
-    reset_tuners()
+    RUNTIME.reset()
     tuned = jat.autotune(fn)
     report = jat.warmup(tuned, *args, grad=True, compare=False)  # the keys alone (test_program_check)
     assert {entry.key for entry in report} == compiled_keys

@@ -55,7 +55,7 @@ def test_params_and_tune_table_round_trip_through_one_checkpoint_step(tmp_path, 
     assert json.loads((item / TUNE_TABLE_FILENAME).read_text())["schema"] == "jax_autotune.tune_table"
 
     serving = make_tuner(TuneStore(tmp_path / "serving.db"))  # another process: nothing known
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), serving)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), serving)
     restored = restore_step(tmp_path / "ckpt", params)
     assert restored.tune_table == saved
     np.testing.assert_array_equal(restored.params["w"], params["w"])
@@ -67,7 +67,7 @@ def test_params_and_tune_table_round_trip_through_one_checkpoint_step(tmp_path, 
 def test_restore_without_install_returns_the_table_only(tmp_path, monkeypatch, params):
     save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
     serving = make_tuner(TuneStore(tmp_path / "serving.db"))
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), serving)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), serving)
     restored = restore_step(tmp_path / "ckpt", params, install=False)
     assert len(restored.tune_table) == 2
     assert serving.decisions() == []
@@ -75,7 +75,7 @@ def test_restore_without_install_returns_the_table_only(tmp_path, monkeypatch, p
 
 def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkeypatch, params):
     save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(),
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(),
                         make_tuner(TuneStore(tmp_path / "serving.db")))
     path = tmp_path / "ckpt" / "1" / "tune_table" / TUNE_TABLE_FILENAME
     data = json.loads(path.read_text())
@@ -87,7 +87,7 @@ def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkey
 
 def test_a_checkpoint_item_that_is_not_utf8_is_a_tune_table_error(tmp_path, monkeypatch, params):
     save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(),
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(),
                         make_tuner(TuneStore(tmp_path / "serving.db")))
     path = tmp_path / "ckpt" / "1" / "tune_table" / TUNE_TABLE_FILENAME
     path.write_bytes(path.read_bytes().replace(b"xla_dot", b"xla_d\xf6t"))

@@ -43,7 +43,7 @@ def store_backend(request):
 def tuner(monkeypatch, store_backend):
     """The default backend's tuner: two tuned keys, in the configured (tmp) store."""
     built = tuned_tuner(open_store(config.store_choice()))
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), built)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), built)
     yield built
     built.store.close()
 
@@ -153,7 +153,7 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     assert "no tuned decisions" in out
 
     fresh = make_tuner(open_store(config.store_choice()))  # a new process on the same machine
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), fresh)
     code, out, _ = run(capsys, "import", str(path))
     assert code == 0 and f"installed 2 decisions for {tuner.device.fingerprint}" in out
     assert fresh.select(PROBLEM_A, policy=Policy(mode="require")).winner == "fast"
@@ -199,7 +199,7 @@ def test_a_hostile_store_row_is_skipped_with_a_warning_by_every_command(tuner, c
     edit_row(tuner.store, tuner.namespace, PROBLEM_A.key().canonical(), where, value)
 
     def command(*argv):  # each in a new process: nothing in memory, no warning given yet
-        monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), make_tuner(open_store(config.store_choice())))
+        monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), make_tuner(open_store(config.store_choice())))
         return run(capsys, *argv)
 
     bad, good = key_id(PROBLEM_A.key()), key_id(PROBLEM_B.key())
@@ -396,7 +396,7 @@ def test_import_into_a_read_only_store_fails_and_writes_nothing(tuner, capsys, t
     run(capsys, "clear", "--yes")
     tuner.store.close()  # a new process: it opens the database again
     fresh = make_tuner(open_store(config.store_choice()))
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), fresh)
     before = snapshot(fresh.store.path)
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real(p, mode, **kw))

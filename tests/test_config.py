@@ -204,10 +204,10 @@ def test_a_compile_under_a_bad_setting_warns_once_naming_it_and_runs_xla_dot(tmp
     import jax
     import numpy as np
     import jax_autotune as jat
-    from jax_autotune.tuners import reset_tuners
+    from jax_autotune.registry import RUNTIME
     from jax_autotune.tuning.tuner import record_decisions
     config.update("cache_dir", str(tmp_path / "cache"))
-    reset_tuners()
+    RUNTIME.reset()
     rng = np.random.default_rng(0)
     a, b = (np.asarray(rng.standard_normal(shape), np.float32) for shape in ((24, 40), (40, 16)))
     monkeypatch.setenv(name, value)
@@ -225,7 +225,7 @@ def test_a_compile_under_a_bad_setting_warns_once_naming_it_and_runs_xla_dot(tmp
     with record_decisions() as asked:
         jax.jit(jat.matmul)(a, b)
     assert [d.source for d in asked] == ["tuned"]  # fixed, the next compile tunes
-    reset_tuners()
+    RUNTIME.reset()
 
 
 def test_policy_holds_the_tuning_settings_of_one_compile(monkeypatch):

@@ -14,7 +14,7 @@ import jax_autotune as jat
 from jax_autotune import program_check
 from jax_autotune.autotune import programs_traced
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.registry import reset_tuners, tuner_for
+from jax_autotune.registry import RUNTIME, tuner_for
 from jax_autotune.tuning import programs
 from jax_autotune.warmup import equations, matmul_problems
 from numerics import rand
@@ -77,7 +77,7 @@ def test_a_key_left_plain_is_laxs_dot_in_the_program_and_the_next_process_reads_
     first = bound[0]
     programs.remember(tuner_for("cpu"), program,
                       programs.ProgramRecord(1.0, 1.1, 0.99, (first.canonical(),)))
-    reset_tuners()  # a new process: nothing in memory, the record in the store
+    RUNTIME.reset()  # a new process: nothing in memory, the record in the store
     again = jat.autotune(mlp)
     eqns = list(equations(jax.make_jaxpr(again)(X, W1, W2, B)))
     assert [e.params["key"] for e in eqns if e.primitive in (matmul_p, fused_p)] == bound[1:]

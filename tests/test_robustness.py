@@ -149,12 +149,12 @@ def test_without_the_native_extension_one_warning_says_how_to_build_it():
         sys.modules["jax_autotune._native"] = None   # as in a source checkout without the build
         import jax, jax.numpy as jnp, numpy as np
         import jax_autotune as jat
-        from jax_autotune.tuners import reset_tuners
+        from jax_autotune.registry import RUNTIME
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             x = jnp.ones((16, 16))
             out = jax.jit(jat.matmul)(x, x)
-            reset_tuners()
+            RUNTIME.reset()
             jax.jit(jat.matmul)(x, x + 1)
         assert float(out[0, 0]) == 16.0
         print("\\n".join(f"{w.category.__name__}: {w.message}" for w in record))

@@ -131,7 +131,7 @@ def test_a_table_includes_the_store_entries_of_every_device_of_this_version(stor
 def test_the_default_table_reads_the_tuners_built_in_this_process(store, monkeypatch):
     tuner = tuned_tuner(store)
     assert len(table()) == 0
-    monkeypatch.setitem(tuner_module._tuners, "cpu", tuner)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, "cpu", tuner)
     assert len(table()) == 2
     from jax_autotune.registry import ragged_tuner_for
     assert current_tuners() == [tuner, ragged_tuner_for("cpu")]  # the device's dense and grouped tuners
@@ -311,7 +311,7 @@ def test_load_table_without_install_changes_nothing(store, tmp_path):
 def test_load_table_defaults_to_the_tuner_of_the_default_backend(store, tmp_path, monkeypatch):
     path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
     fresh = fresh_tuner(tmp_path)
-    monkeypatch.setitem(tuner_module._tuners, jax.default_backend(), fresh)
+    monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), fresh)
     load_table(str(path))
     assert fresh.lookup(PROBLEM_A.key()).winner == "fast"
 
@@ -536,7 +536,7 @@ def test_a_grouped_matmuls_decisions_ship_in_their_own_section_and_install_elsew
     import jax_autotune as jat
     from jax_autotune import config
     from jax_autotune.cli.table import show_lines
-    from jax_autotune.registry import ragged_tuner_for, reset_tuners
+    from jax_autotune.registry import RUNTIME, ragged_tuner_for
     from jax_autotune.tables.install import section_name
 
     x, w, sizes = jnp.ones((64, 32)), jnp.ones((4, 32, 16)), jnp.array([20, 0, 30, 10], jnp.int32)
@@ -552,7 +552,7 @@ def test_a_grouped_matmuls_decisions_ship_in_their_own_section_and_install_elsew
                for line in show_lines(harvested.summary_rows()))
     path = harvested.save(tmp_path / "t.json")
 
-    reset_tuners()  # another process, with a store of its own
+    RUNTIME.reset()  # another process, with a store of its own
     config.update("cache_dir", str(tmp_path / "elsewhere"))
     assert len(jat.load_table(path)) == 2
     config.update("mode", "require")

@@ -186,8 +186,8 @@ def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
 
 
 def test_tuner_for_follows_a_changed_cache_dir_without_a_reset(tmp_path):
-    from jax_autotune.tuners import reset_tuners, tuner_for
-    reset_tuners()
+    from jax_autotune.registry import RUNTIME, tuner_for
+    RUNTIME.reset()
     config.update("cache_dir", str(tmp_path / "first"))
     tuner = tuner_for("cpu")
     assert str(tuner.store.path).startswith(str(tmp_path / "first"))
@@ -197,7 +197,7 @@ def test_tuner_for_follows_a_changed_cache_dir_without_a_reset(tmp_path):
     assert tuner.probes.store is tuner.store
     config.update("cache", False)
     assert tuner_for("cpu").store.path is None
-    reset_tuners()
+    RUNTIME.reset()
 
 
 class ProbesThatWaitForACompile(FakeProbes):

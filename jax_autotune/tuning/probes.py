@@ -131,7 +131,7 @@ def _bandwidth_classes(device: DeviceInfo) -> tuple[int, ...]:
 
 
 # probe results of this process, by (throughput namespace, probe name): shared by every
-# Probes object, so rebuilding a tuner (reset_tuners) does not measure the device again
+# Probes object, so rebuilding a tuner (RUNTIME.reset) does not measure the device again
 _MEASURED: dict[tuple[str, str], ProbeResult] = {}
 _MEASURED_LOCK = threading.Lock()
 
