@@ -1,10 +1,13 @@
 """Numerical comparisons shared by the tests: random operands, the norm-wise relative error,
-and the tolerances by dtype, one table per kind of comparison.
+a tuned program's results against plain JAX's, and the tolerances by dtype, one table per
+kind of comparison.
 
     >>> x = rand(0, 64, 48, dtype="bfloat16")
     >>> assert rel_error(kernel(x, w), x64 @ w64) < REFERENCE_TOLERANCES["bfloat16"]
+    >>> assert_same_tree(jat.autotune(loss)(params, batch), loss(params, batch))
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -47,3 +50,47 @@ KERNEL_TOLERANCES = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 4e-3}
 def tolerance(dtype) -> float:
     """``TOLERANCES`` of ``dtype`` (a name, a NumPy or jnp dtype or type)."""
     return TOLERANCES[getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)]
+
+
+# a tuned program against the same program plain: the largest |tuned - plain| relative to
+# the largest |plain| of the leaf (or of the terms a final sum adds), by the narrowest float
+# the computation goes through; what stays lax's (integer and empty dots, and every op
+# after them) is "exact"
+PROGRAM_TOLERANCES = {"float32": 2e-5, "float16": 1e-2, "bfloat16": 3e-2, "exact": 0.0}
+
+
+def assert_matches(got, want, tolerance: float, what: str, scale: float = 0.0) -> None:
+    """Same dtype and shape; values equal (tolerance 0) or within ``tolerance`` of the
+    largest of ``|want|`` and ``scale`` (the size of the terms a sum cancelled)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, plain JAX gives {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, plain JAX gives {want.shape}"
+    if tolerance == 0.0:
+        np.testing.assert_array_equal(got, want, err_msg=f"{what}: not exactly plain JAX's")
+        return
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(w)
+    np.testing.assert_array_equal(np.where(finite, 0.0, g), np.where(finite, 0.0, w),
+                                  err_msg=f"{what}: non-finite entries differ from plain JAX's")
+    assert np.isfinite(g[finite]).all(), f"{what}: non-finite entries where plain JAX's are finite"
+    scale = max(float(np.max(np.abs(w[finite]), initial=0.0)), scale, 1e-30)
+    error = float(np.max(np.abs(g - w)[finite], initial=0.0))
+    assert error <= tolerance * scale, (
+        f"{what}: max |tuned - plain| = {error:.3g}, {error / scale:.3g} of the scale {scale:.3g} "
+        f"(max |plain| or the terms summed; tolerance {tolerance:g})")
+
+
+def assert_same_tree(got, want) -> None:
+    """Same tree, dtypes and shapes; each float leaf within ``PROGRAM_TOLERANCES`` of its
+    dtype (8-bit floats: bfloat16's), integer and bool leaves exactly; PRNG keys by their bits."""
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for index, (g, w) in enumerate(zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))):
+        if jax.dtypes.issubdtype(jnp.result_type(g), jax.dtypes.extended):
+            g, w = jax.random.key_data(g), jax.random.key_data(w)
+        g, w = np.asarray(g), np.asarray(w)
+        if w.dtype == jax.dtypes.float0:
+            assert (g.dtype, g.shape) == (w.dtype, w.shape), f"leaf {index}"
+            continue
+        exact = w.dtype.kind in "iub"
+        tolerance = 0.0 if exact else PROGRAM_TOLERANCES.get(w.dtype.name, PROGRAM_TOLERANCES["bfloat16"])
+        assert_matches(g, w, tolerance, f"leaf {index}")

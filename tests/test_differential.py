@@ -9,8 +9,8 @@ give the plain one's value (dtype, shape, values within the dtype's tolerance) a
 input (dtype and shape per leaf, values within tolerance). Integer dots, and dots with an
 empty dim, are left as lax's: those must match exactly.
 
-Tolerances (``TOLERANCE``, by the narrowest float the program goes through) are relative to
-the size of the terms each leaf is a sum of, from a float64 numpy run of the same program,
+Tolerances (``numerics.PROGRAM_TOLERANCES``, by the narrowest float the program goes
+through) are relative to the size of the terms each leaf is a sum of, from a float64 numpy run of the same program,
 forward and backward (``reference``): a final sum that cancels, or a gradient through a
 saturated tanh, is compared at the scale its rounding errors have. The reference's own
 errors against both results are in each failure's notes.
@@ -39,14 +39,10 @@ import jax_autotune as jat
 from jax_autotune import config
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.warmup import equations
+from numerics import PROGRAM_TOLERANCES, assert_matches
 
 EXAMPLES = int(os.environ.get("JAX_AUTOTUNE_DIFF_EXAMPLES", "40"))
 SEED = os.environ.get("JAX_AUTOTUNE_DIFF_SEED")
-
-# largest |tuned - plain| allowed, relative to the largest |plain| of the leaf (or of the
-# terms a final sum adds), by the narrowest float the computation goes through; integer
-# dots and empty ones stay lax's, with every op after them: "exact".
-TOLERANCE = {"float32": 2e-5, "float16": 1e-2, "bfloat16": 3e-2, "exact": 0.0}
 
 P = lax.Precision
 PRECISIONS = [None, P.DEFAULT, P.HIGH, P.HIGHEST]
@@ -327,28 +323,7 @@ def narrowest(case: Case, arrays) -> str:
     seen = {np.dtype(x.dtype).name for x in arrays} | {p for n, p in case.ops if n == "convert"}
     seen.add(case.preferred or "float32")
     seen &= set(FLOATS)
-    return max(seen, key=lambda d: TOLERANCE[d])
-
-
-def assert_matches(got, want, tolerance: float, what: str, scale: float = 0.0) -> None:
-    """Same dtype and shape; values equal (tolerance 0) or within ``tolerance`` of the
-    largest of ``|want|`` and ``scale`` (the size of the terms a sum cancelled)."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, plain JAX gives {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, plain JAX gives {want.shape}"
-    if tolerance == 0.0:
-        np.testing.assert_array_equal(got, want, err_msg=f"{what}: not exactly plain JAX's")
-        return
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    finite = np.isfinite(w)
-    np.testing.assert_array_equal(np.where(finite, 0.0, g), np.where(finite, 0.0, w),
-                                  err_msg=f"{what}: non-finite entries differ from plain JAX's")
-    assert np.isfinite(g[finite]).all(), f"{what}: non-finite entries where plain JAX's are finite"
-    scale = max(float(np.max(np.abs(w[finite]), initial=0.0)), scale, 1e-30)
-    error = float(np.max(np.abs(g - w)[finite], initial=0.0))
-    assert error <= tolerance * scale, (
-        f"{what}: max |tuned - plain| = {error:.3g}, {error / scale:.3g} of the scale {scale:.3g} "
-        f"(max |plain| or the terms summed; tolerance {tolerance:g})")
+    return max(seen, key=lambda d: PROGRAM_TOLERANCES[d])
 
 
 _C = math.sqrt(2 / math.pi)
@@ -484,7 +459,7 @@ def check(case: Case) -> None:
     f = program(case)
     tuned = jat.autotune(f)
     arrays = case.inputs()
-    tolerance = TOLERANCE[narrowest(case, arrays)]
+    tolerance = PROGRAM_TOLERANCES[narrowest(case, arrays)]
     wrap = jax.jit if case.jit else (lambda g: g)
 
     cotangent = jnp.asarray(np.random.default_rng(case.seed + 1).standard_normal(
