@@ -67,7 +67,7 @@ def main() -> None:
     compiler._cache_write = timed_write
 
     tuner = tuner_for("gpu")
-    gemm = tuner.candidate("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
+    gemm = tuner.candidate_set.by_name("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
     sizes = iter(range(1536 + (64 * 40 if args.cache else 0), 9000, 64))
     device = tuner._jax_device()
 

@@ -129,7 +129,7 @@ def run_cold(args, exhaustive: dict, torch: dict) -> list[dict]:
         decision = tuner.select(problem, policy=config.policy())
         cold_s = time.perf_counter() - t0
         after = counters.stats()
-        winner = tuner.candidate(decision.winner)
+        winner = tuner.candidate_set.by_name(decision.winner)
         xla = jax.jit(lambda a, b: xla_dot(a, b, problem))
 
         def xla_again(a, b):  # a module of another name: compiled again, not served by the cache

@@ -71,7 +71,7 @@ def child_options(text: str, variant: str) -> dict:
     jax, tuner = _setup()
     problem = _problem(text)
     args = random_operands(problem, tuner._jax_device(), seed=5)
-    xla = tuner.candidate("xla_dot")
+    xla = tuner.candidate_set.by_name("xla_dot")
     first, first_s = _compile(jax, _fn(xla, problem), args, VARIANTS[variant])
     again, again_s = _compile(jax, _fn(xla, problem), args)  # XLA's defaults, same process
     us, again_us = peers.interleaved_device_us([first, again], args)
@@ -97,19 +97,19 @@ def child_batch(pairs: list[tuple[str, str]], batched: bool) -> dict:
     by_key = dict(zip(texts, zip(problems, operands)))
     names = {c.name for c in tuner.candidate_set.candidates}
     runnable = [(t, c) for t, c in pairs
-                if c in names and tuner.candidate(c).runs(tuner.device, by_key[t][0].key())]
+                if c in names and tuner.candidate_set.by_name(c).runs(tuner.device, by_key[t][0].key())]
     result = {"batched": batched, "pairs": runnable}
     if batched:
         flat = [x for t, _ in runnable for x in by_key[t][1]]
 
         def everything(*xs):
-            return tuple(tuner.candidate(c).fn(xs[2 * i], xs[2 * i + 1], by_key[t][0])
+            return tuple(tuner.candidate_set.by_name(c).fn(xs[2 * i], xs[2 * i + 1], by_key[t][0])
                          for i, (t, c) in enumerate(runnable))
         _, result["batch_compile_s"] = _compile(jax, everything, flat)
     rows = []
     for t, c in runnable:
         problem, args = by_key[t]
-        compiled, seconds = _compile(jax, _fn(tuner.candidate(c), problem), args)
+        compiled, seconds = _compile(jax, _fn(tuner.candidate_set.by_name(c), problem), args)
         us, = peers.interleaved_device_us([compiled], args)
         rows.append({"key": t, "candidate": c, "compile_s": seconds, "kernels": kernels_of(compiled), "us": us})
     result["rows"] = rows

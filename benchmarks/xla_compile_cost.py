@@ -64,7 +64,7 @@ def one_key(tuner, text: str, bare_first: bool) -> dict:
     args = random_operands(problem, tuner._jax_device(), seed=5)
     rows, executables, names = [], [], []
     for name in XLA_CANDIDATES:
-        candidate = tuner.candidate(name)
+        candidate = tuner.candidate_set.by_name(name)
         if not candidate.runs(tuner.device, problem.key()):
             continue
         # fresh closures: nothing is served from jit's in-memory cache
@@ -79,7 +79,7 @@ def one_key(tuner, text: str, bare_first: bool) -> dict:
         executables += [default, bare]
         names += [(name, "us"), (name, "us_no_autotune")]
     for name in COMPARED:
-        candidate = tuner.candidate(name)
+        candidate = tuner.candidate_set.by_name(name)
         if candidate.runs(tuner.device, problem.key()):
             compiled, seconds = compile_timed(lambda a, b, c=candidate: c.fn(a, b, problem), args)
             rows.append({"candidate": name, "compile_s": seconds})
@@ -102,7 +102,7 @@ def threads_test(tuner, count: int = 3) -> dict:
     autotuned XLA dot alone and beside Pallas compiles (each on a shape not seen before)."""
     from compile_threads import compile_seconds, in_threads, lower_square
 
-    gemm = tuner.candidate("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
+    gemm = tuner.candidate_set.by_name("triton_gemm_bm128_bn128_bk64_g8_w8_s3")
     device = tuner._jax_device()
     sizes = iter(range(1536, 4096, 64))
 
@@ -115,7 +115,7 @@ def threads_test(tuner, count: int = 3) -> dict:
     result = {"pallas_serial_s": [compile_seconds(lowered(gemm, next(sizes))) for _ in range(count)]}
     result["pallas_threads_s"], result["pallas_threads_wall_s"] = together(
         [lowered(gemm, next(sizes)) for _ in range(count)])
-    xla = tuner.candidate("xla_dot")
+    xla = tuner.candidate_set.by_name("xla_dot")
     result["xla_alone_s"] = compile_seconds(lowered(xla, next(sizes) + 1))  # misaligned: a long autotune
     each, wall = together([lowered(xla, next(sizes) + 1)] + [lowered(gemm, next(sizes)) for _ in range(count)])
     result["xla_beside_pallas_s"], result["pallas_beside_xla_s"], result["beside_wall_s"] = each[0], each[1:], wall

@@ -98,7 +98,7 @@ def _lowering(platform: str):
         if chosen is None:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key)
         tuner, policy = chosen
-        candidate = tuner.candidate(tuner.select(problem, key, policy).winner)
+        candidate = tuner.candidate_set.by_name(tuner.select(problem, key, policy).winner)
         if candidate is XLA_RAGGED_DOT:
             return _xla_lowering(ctx, *inputs, problem=problem, key=key)
         try:

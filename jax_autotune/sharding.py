@@ -149,7 +149,7 @@ class ShardKernels:
     def __call__(self, shard: MatmulProblem) -> Callable:
         tuner = tuner_for(self.platform)
         decision = tuner.select(shard, self.key(shard), self.policy)
-        candidate = tuner.candidate(decision.winner)
+        candidate = tuner.candidate_set.by_name(decision.winner)
         return candidate.bound(shard)
 
 

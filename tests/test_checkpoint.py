@@ -70,7 +70,7 @@ def test_restore_without_install_returns_the_table_only(tmp_path, monkeypatch, p
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), serving)
     restored = restore_step(tmp_path / "ckpt", params, install=False)
     assert len(restored.tune_table) == 2
-    assert serving.decisions() == []
+    assert serving.known.decisions() == []
 
 
 def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkeypatch, params):

@@ -120,10 +120,10 @@ def test_explain_lists_every_candidate_with_outcome_samples_and_score(tuner, cap
 
 
 def test_explain_says_what_an_export_used(tuner, capsys):
-    decision = tuner.lookup(PROBLEM_A.key())
+    decision = tuner.known.lookup(PROBLEM_A.key())
     _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
     assert "exported" not in out
-    assert tuner.install(dataclasses.replace(decision, export_kernel="slow", export_reason="why"))
+    assert tuner.known.install(dataclasses.replace(decision, export_kernel="slow", export_reason="why"))
     _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
     assert "exported   slow (why)" in out
 
@@ -148,7 +148,7 @@ def test_export_clear_import_restores_the_decisions_and_keeps_probes(tuner, caps
     assert code == 0 and "deleted 2 stored decisions" in out
     assert store.entries(tuner.namespace) == []
     assert store.entries(throughput_namespace(tuner.device.fingerprint)) != []
-    assert tuner.decisions() == []
+    assert tuner.known.decisions() == []
     _, out, _ = run(capsys, "show")
     assert "no tuned decisions" in out
 
@@ -267,7 +267,7 @@ def test_export_writes_the_permissions_the_umask_gives(tuner, capsys, tmp_path):
 
 def test_export_of_one_device_writes_only_its_decisions(tuner, capsys, tmp_path):
     other = decision_namespace("gpu-other-mem1")
-    tuner.store.put(other, PROBLEM_A.key().canonical(), "c", tuner.lookup(PROBLEM_A.key()).to_json())
+    tuner.store.put(other, PROBLEM_A.key().canonical(), "c", tuner.known.lookup(PROBLEM_A.key()).to_json())
     code, _, _ = run(capsys, "export", str(tmp_path / "t.json"), "--device", tuner.device.fingerprint)
     assert code == 0
     assert list(json.loads((tmp_path / "t.json").read_text())["devices"]) == [tuner.device.fingerprint]

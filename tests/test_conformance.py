@@ -238,7 +238,7 @@ def test_a_preset_runs_xla_dot_alone_without_a_benchmark(fresh_tuning):
     assert stats["candidate_runs"] == 0 and stats["candidate_compiles"] == 0
     (entry,) = jat.warmup([(8, 8, 8)], precision=lax.DotAlgorithmPreset.F32_F32_F32).entries
     assert entry.winner == "xla_dot" and entry.problem.precision is Precision.F32_F32_F32
-    assert "F32_F32_F32" in tuner_for("cpu").lookup(entry.key).reason
+    assert "F32_F32_F32" in tuner_for("cpu").known.lookup(entry.key).reason
 
 
 def test_preset_default_keeps_lax_dtype_rule_for_narrow_integer_results(fresh_tuning):
@@ -404,6 +404,6 @@ def test_a_float64_key_under_the_x64_context_is_tuned_on_float64_operands(fresh_
     truncations = [w for w in caught if "truncated" in str(w.message)]
     assert not truncations, [str(w.message) for w in truncations][:2]
     assert jat.stats()["tuned"] == 1
-    decision = tuner_for("cpu").lookup(key)
+    decision = tuner_for("cpu").known.lookup(key)
     failed = [(r.name, r.error) for r in decision.results if r.outcome not in ("ok", "skipped")]
     assert not failed, failed  # f32 stand-ins made the float64 native kernels refuse them

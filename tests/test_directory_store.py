@@ -186,7 +186,7 @@ def test_a_decision_file_that_breaks_a_table_entrys_rules_is_skipped_and_retuned
     path.write_text(json.dumps(record))
     tuner = make_tuner(open_store(config.store_choice()))
     with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row in the tune store folder") as seen:
-        assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
+        assert [d.key for d in tuner.known.decisions()] == [PROBLEM_B.key()]
         assert tuner.select(PROBLEM_A, policy=Policy(mode="cached")).source == "fallback"
     assert len(store_warnings(seen)) == 1
     assert tuner.select(PROBLEM_A).source == "tuned"  # and the file replaced

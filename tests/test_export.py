@@ -150,7 +150,7 @@ def test_export_of_a_native_winner_serializes_with_xla_dot_and_jit_keeps_the_nat
     assert rel_error(got, want) < 2e-6
 
     for key in keys:  # the record says what the export used; the winner is unchanged
-        decision = tuner.lookup(key)
+        decision = tuner.known.lookup(key)
         assert decision.winner.startswith("native_gemm_") and decision.export_kernel == "xla_dot"
         assert "jax_autotune_gemm" in decision.export_reason
     harvested = TuneTable.loads(jat.table().dumps())
@@ -181,7 +181,7 @@ def test_the_opt_in_keeps_the_native_kernels_registered_on_load(native_model, tm
     assert project_targets(exported.mlir_module()) == {"jax_autotune_gemm"}
     assert {f"custom_call:{t}" for t in jat.native_targets()} <= {
         str(c) for c in exported.disabled_safety_checks}
-    assert all("kept" in tuner.lookup(key).export_reason for key in keys)
+    assert all("kept" in tuner.known.lookup(key).export_reason for key in keys)
 
     got, report = run_fresh(tmp_path, exported, args, how="jax_autotune")
     assert "error" not in report, report
@@ -280,7 +280,7 @@ def test_a_mosaic_winner_exports_as_is():
                                     platform="gpu", xla_dot=2e-5)
     exported = jax.export.export(jax.jit(jat.matmul))(a, b)
     assert "mosaic_gpu_v2" in targets(exported.mlir_module())
-    decision = tuner.lookup(key)
+    decision = tuner.known.lookup(key)
     assert decision.export_kernel == decision.winner and decision.export_reason == ""
     got = jax.export.deserialize(exported.serialize()).call(a, b)
     assert rel_error(got, want) < 2e-2
@@ -298,12 +298,12 @@ def test_a_triton_winner_is_replaced_by_the_fastest_safe_candidate():
     tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: triton, platform="gpu",
                                     **scores)
     jitted = jax.jit(jat.matmul)
-    triton_targets = tuner.candidate(triton).export_safety(tuner.lookup(key).problem, "cuda").unsafe
+    triton_targets = tuner.candidate_set.by_name(triton).export_safety(tuner.known.lookup(key).problem, "cuda").unsafe
     assert triton_targets and triton_targets <= targets(jitted.lower(a, b).as_text())
 
     exported = jax.export.export(jitted)(a, b)
     assert not triton_targets & targets(exported.mlir_module())
-    decision = tuner.lookup(key)
+    decision = tuner.known.lookup(key)
     assert decision.winner == triton and decision.export_kernel == (mosaic or ["xla_dot"])[0]
     got = jax.export.deserialize(exported.serialize()).call(a, b)
     assert rel_error(got, want) < 2e-2
@@ -316,11 +316,11 @@ def test_the_opt_in_keeps_a_triton_winner():
     a, b, want = gpu_problem()
     tuner, (key,) = install_winners(jat.matmul, (a, b), lambda t, k: supported(t, k, "triton_gemm_"),
                                     platform="gpu", xla_dot=2e-5)
-    decision = tuner.lookup(key)
-    unsafe = tuner.candidate(decision.winner).export_safety(decision.problem, "cuda").unsafe
+    decision = tuner.known.lookup(key)
+    unsafe = tuner.candidate_set.by_name(decision.winner).export_safety(decision.problem, "cuda").unsafe
     exported = jat.export(jat.matmul, a, b, allow_targets=unsafe)
     assert unsafe <= targets(exported.mlir_module())
-    assert tuner.lookup(key).export_kernel == decision.winner
+    assert tuner.known.lookup(key).export_kernel == decision.winner
     assert rel_error(exported.call(a, b), want) < 2e-2
 
 
@@ -347,5 +347,5 @@ def test_an_autotuned_function_in_context_exports_and_runs_as_the_plain_one(tmp_
     blob = jat.export(fn, x, w, b).serialize()
     want = jax.nn.gelu(np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64))
     np.testing.assert_allclose(jax.export.deserialize(blob).call(x, w, b), want, rtol=2e-5, atol=2e-5)
-    decisions = tuner_for("cpu").memory_decisions()
+    decisions = tuner_for("cpu").known.memory_decisions()
     assert any(not d.key.epilogue.is_bare and d.export_kernel for d in decisions)

@@ -70,7 +70,7 @@ def decision_of(tuner, results=None, winner="host"):
                ] if results is None else results
     decision = Decision(key=PROBLEM.key(config.get("level")), problem=PROBLEM, winner=winner,
                         results=tuple(results), source="table")
-    assert tuner.install(decision)
+    assert tuner.known.install(decision)
     return tuner.select(PROBLEM)
 
 
@@ -150,11 +150,11 @@ def test_jit_emits_the_winner_and_export_the_fastest_safe_candidate(store, tmp_p
     assert tuner.emitted(PROBLEM, decision, False, "cpu", policy).name == "host"
     assert not log.exists()  # jit lowerings log nothing
     assert tuner.emitted(PROBLEM, decision, True, "cpu", policy).name == "mid"
-    recorded = tuner.lookup(decision.key)
+    recorded = tuner.known.lookup(decision.key)
     assert recorded.winner == "host" and recorded.export_kernel == "mid"
     assert CALLBACK in recorded.export_reason and "fastest measured" in recorded.export_reason
-    tuner.forget()  # the store has it too, so tune tables carry it
-    assert tuner.lookup(decision.key).export_kernel == "mid"
+    tuner.known.forget()  # the store has it too, so tune tables carry it
+    assert tuner.known.lookup(decision.key).export_kernel == "mid"
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(e["event"], e["winner"], e["export_kernel"]) for e in events] == [
         ("jax_autotune.export", "host", "mid")]
@@ -165,7 +165,7 @@ def test_a_safe_winner_is_exported_as_is(store):
     tuner = make_tuner(store)
     decision = decision_of(tuner, winner="mid")
     assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
-    assert tuner.lookup(decision.key).export_reason == ""
+    assert tuner.known.lookup(decision.key).export_reason == ""
 
 
 def test_the_opt_in_keeps_an_allowed_winner(store):
@@ -173,7 +173,7 @@ def test_the_opt_in_keeps_an_allowed_winner(store):
     decision = decision_of(tuner)
     with export_safety.allowing({CALLBACK}):
         assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "host"
-    assert "kept" in tuner.lookup(decision.key).export_reason
+    assert "kept" in tuner.known.lookup(decision.key).export_reason
     assert tuner.emitted(PROBLEM, tuner.select(PROBLEM), True, "cpu").name == "mid"
 
 
@@ -193,7 +193,7 @@ def test_a_decision_without_results_is_measured_at_export_in_mode_tune_only(stor
     decision = tuner.select(PROBLEM)
     assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "mid"
     assert counters.stats()["tuned"] == 1
-    recorded = tuner.lookup(decision.key)
+    recorded = tuner.known.lookup(decision.key)
     assert recorded.winner == "host" and not recorded.results  # the decision itself is kept
     assert "measured at export" in recorded.export_reason
     # the next export reuses the recorded kernel instead of measuring again
@@ -206,7 +206,7 @@ def test_a_failing_choice_never_fails_the_export(store, monkeypatch):
     decision = decision_of(tuner)
     monkeypatch.setattr(tuner_module, "allowed_targets", lambda: 1 / 0)
     assert tuner.emitted(PROBLEM, decision, True, "cpu").name == "xla_dot"
-    assert "ZeroDivisionError" in tuner.lookup(decision.key).export_reason
+    assert "ZeroDivisionError" in tuner.known.lookup(decision.key).export_reason
 
 
 def test_a_fallback_decision_is_logged_but_not_stored(store, tmp_path):
@@ -215,7 +215,7 @@ def test_a_fallback_decision_is_logged_but_not_stored(store, tmp_path):
     decision = tuner.select(PROBLEM, policy=policy)
     assert decision.source == "fallback"
     assert tuner.emitted(PROBLEM, decision, True, "cpu", policy).name == "xla_dot"
-    assert tuner.lookup(decision.key) is None
+    assert tuner.known.lookup(decision.key) is None
     assert json.loads((tmp_path / "log.jsonl").read_text())["export_kernel"] == "xla_dot"
 
 

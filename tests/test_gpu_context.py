@@ -96,7 +96,7 @@ def test_a_model_context_tunes_on_the_gpu_and_matches_the_plain_program(fresh_tu
         want = jax.jit(fn)(*args)
     got = jax.jit(jat.autotune(fn))(*args)
     assert rel_error(got, want) < 2e-2
-    decisions = tuner_for("gpu").memory_decisions()
+    decisions = tuner_for("gpu").known.memory_decisions()
     assert decisions and all(not d.key.epilogue.is_bare and d.source == "tuned" for d in decisions)
     results = {r.name: r for d in decisions for r in d.results}
     assert results["xla_dot"].outcome == "ok"

@@ -70,7 +70,7 @@ def test_a_pallas_candidate_compiles_while_a_kernel_run_holds_the_device():
     tuner = tuner_for("gpu")
     problem = jat.MatmulProblem(1, 1000, 1000, 1000, "bfloat16", "bfloat16", "bfloat16")
     args = random_operands(problem, tuner._jax_device())
-    candidate = tuner.candidate("triton_gemm_bm64_bn128_bk64_g8_w4_s4")
+    candidate = tuner.candidate_set.by_name("triton_gemm_bm64_bn128_bk64_g8_w4_s4")
     with concurrent.futures.ThreadPoolExecutor(1) as pool, DEVICE_LOCK.shared():
         compiled = pool.submit(compile_candidate, candidate, problem, args).result(timeout=120)
     want = np.matmul(np.asarray(args[0], np.float64), np.asarray(args[1], np.float64))
@@ -92,7 +92,7 @@ def test_priming_autotunes_a_misaligned_keys_xla_candidates_once_and_tuning_reus
         assert decision.result(name).outcome == "ok", decision.result(name)
     lhs, rhs = random_operands(problem, tuner._jax_device(), seed=3)
     with quiet():
-        out = jax.jit(tuner.candidate(decision.winner).bound(problem))(lhs, rhs)
+        out = jax.jit(tuner.candidate_set.by_name(decision.winner).bound(problem))(lhs, rhs)
     want = np.matmul(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
     assert rel_error(out, want) < 2e-2
 
@@ -104,8 +104,8 @@ def test_xla_refuses_to_autotune_under_kept_choices_only_and_a_primed_dot_compil
     device = tuner._jax_device()
     primed, fresh = (jat.MatmulProblem(1, m, m + 2, m + 4, "bfloat16", "bfloat16", "bfloat16")
                      for m in (1037, 1043))  # shapes no other test compiles
-    xla = tuner.candidate("xla_dot")
-    padded = tuner.candidate("padded_xla_dot_a64_barrier_rows")
+    xla = tuner.candidate_set.by_name("xla_dot")
+    padded = tuner.candidate_set.by_name("padded_xla_dot_a64_barrier_rows")
     assert xla_priming.prime([(primed, xla), (primed, padded)], device) == 2
     lowered = jax.jit(xla.bound(primed)).lower(*random_operands(primed, device))
     assert xla_priming.compile_primed(lowered, primed, xla, device) is not None

@@ -105,7 +105,7 @@ def test_the_tuned_call_matches_lax_and_its_key_is_grouped(fresh_tuning):
     key = eqn.params["key"]
     assert (key.groups, key.ragged, key.m, key.k, key.n) == (8, "m", 1024, 64, 64)
     assert rel_error(jax.jit(jat.ragged_dot)(x, w, gs), lax.ragged_dot(x, w, gs)) <= 1e-6
-    decision = ragged_tuner_for("cpu").lookup(key)
+    decision = ragged_tuner_for("cpu").known.lookup(key)
     assert decision is not None and decision.source == "tuned"
     assert {r.name for r in decision.results} == set(kernels.ragged_candidate_set(CPU).names())
 
@@ -394,4 +394,4 @@ def test_warmup_tunes_the_grouped_keys_of_an_autotuned_function_with_the_grouped
     assert {e.key.ragged for e in grouped} == {"m", "k"}
     names = set(kernels.ragged_candidate_set(CPU).names())
     assert all(e.winner in names for e in grouped)
-    assert all(ragged_tuner_for("cpu").lookup(e.key) is not None for e in grouped)
+    assert all(ragged_tuner_for("cpu").known.lookup(e.key) is not None for e in grouped)

@@ -121,7 +121,7 @@ def test_a_key_no_native_kernel_supports_compiles_and_probes_nothing(lhs, out):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.matmul(a, b)))
     stats = counters.stats()
     assert (stats["candidate_compiles"], stats["probe_launches"], stats["candidate_runs"]) == (0, 0, 0)
-    decision = tuner_for("cpu").lookup(problem_for(a, b).key(config.get("level")))
+    decision = tuner_for("cpu").known.lookup(problem_for(a, b).key(config.get("level")))
     assert decision.winner == "xla_dot" and decision.source == "tuned"
     assert {r.outcome for r in decision.results} == {"skipped"}  # never wrong_result, never compiled
     assert str(out) == got.dtype.name
@@ -130,14 +130,20 @@ def test_a_key_no_native_kernel_supports_compiles_and_probes_nothing(lhs, out):
 def test_a_kernel_that_refuses_the_problem_while_lowering_falls_back_to_xla_dot(monkeypatch):
     a, b = operands(48, 40, 24)
     tuner = tuner_for("cpu")
-    assert tuner.install(decision_for(a, b, "native_gemm_portable_4x8_t1"))
-    real = tuner.candidate
+    assert tuner.known.install(decision_for(a, b, "native_gemm_portable_4x8_t1"))
+    real = tuner.candidate_set
 
     def refuse(lhs, rhs, problem):
         raise ValueError("this kernel refuses the problem")
 
-    monkeypatch.setattr(tuner, "candidate", lambda name: Candidate(name, refuse)
-                        if name != "xla_dot" else real(name))
+    class Refusing:  # the real set, but every kernel except XLA's dot refuses while lowering
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def by_name(self, name):
+            return Candidate(name, refuse) if name != "xla_dot" else real.by_name(name)
+
+    monkeypatch.setattr(tuner, "candidate_set", Refusing())
     with pytest.warns(RuntimeWarning, match="native_gemm_portable_4x8_t1 failed to lower"):
         out = jax.jit(jat.matmul)(a, b)
     np.testing.assert_allclose(out, np.asarray(a) @ np.asarray(b), rtol=1e-4, atol=1e-4)

@@ -50,7 +50,7 @@ def native_winner(shard: MatmulProblem) -> str:
     key = shard.key(config.get("level"))
     name = next(c.name for c in tuner.candidate_set.candidates
                 if c.name.startswith(("native_small", "native_gemm")) and c.supports(tuner.device, key))
-    assert tuner.install(Decision(key=key, problem=shard, winner=name), persist=False)
+    assert tuner.known.install(Decision(key=key, problem=shard, winner=name), persist=False)
     return name
 
 

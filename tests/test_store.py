@@ -441,7 +441,7 @@ def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tm
     edit_row(tuned.store, tuned.namespace, PROBLEM_A.key().canonical(), where, value)
     tuner = make_tuner(TuneStore(tmp_path / "default.db"))  # a new process
     with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row") as seen:
-        assert [d.key for d in tuner.decisions()] == [PROBLEM_B.key()]
+        assert [d.key for d in tuner.known.decisions()] == [PROBLEM_B.key()]
         assert [d.key for _, d in table(tuners=[tuner]).entries()] == [PROBLEM_B.key()]
         assert tuner.select(PROBLEM_A, policy=Policy(mode="cached")).source == "fallback"  # never the bad row
     assert len(store_warnings(seen)) == 1

@@ -66,7 +66,7 @@ def tuned_tuner(store) -> Tuner:
     """A tuner that has tuned PROBLEM_A and PROBLEM_B: in memory and in ``store``."""
     tuner = make_tuner(store)
     for decision in tuned_decisions():
-        assert tuner.install(decision)
+        assert tuner.known.install(decision)
     return tuner
 
 
@@ -117,7 +117,7 @@ def test_a_table_holds_every_decision_with_every_candidate_result(store):
 def test_a_table_includes_the_store_entries_of_every_device_of_this_version(store, tmp_path):
     tuned_tuner(store)
     later = make_tuner(store)  # a new process: nothing in memory, the same database
-    foreign = dataclasses.replace(later.lookup(PROBLEM_A.key()), device=OTHER_GPU, checksum="gpu-set")
+    foreign = dataclasses.replace(later.known.lookup(PROBLEM_A.key()), device=OTHER_GPU, checksum="gpu-set")
     store.put(decision_namespace(OTHER_GPU), PROBLEM_A.key().canonical(), "gpu-set",
               foreign.to_json())
     store.put("autotune/0.0.1/0.4.0/old-device/matmul", "k", "c", foreign.to_json())  # old version
@@ -258,7 +258,7 @@ def test_entries_of_a_changed_candidate_set_are_skipped(store, tmp_path):
     loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [grown])
     assert len(caught) == 1 and "checksum" in str(caught[0].message)
     assert len(loaded) == 0
-    assert load_table(loaded, tuners=[grown]) is loaded and grown.lookup(PROBLEM_A.key()) is None
+    assert load_table(loaded, tuners=[grown]) is loaded and grown.known.lookup(PROBLEM_A.key()) is None
 
 
 def test_an_entry_whose_checksum_differs_from_its_device_is_skipped(store, tmp_path):
@@ -305,7 +305,7 @@ def test_load_table_without_install_changes_nothing(store, tmp_path):
     path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
     fresh = fresh_tuner(tmp_path)
     loaded = load_table(path, install=False, tuners=[fresh])
-    assert len(loaded) == 2 and fresh.decisions() == []
+    assert len(loaded) == 2 and fresh.known.decisions() == []
 
 
 def test_load_table_defaults_to_the_tuner_of_the_default_backend(store, tmp_path, monkeypatch):
@@ -313,7 +313,7 @@ def test_load_table_defaults_to_the_tuner_of_the_default_backend(store, tmp_path
     fresh = fresh_tuner(tmp_path)
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), fresh)
     load_table(str(path))
-    assert fresh.lookup(PROBLEM_A.key()).winner == "fast"
+    assert fresh.known.lookup(PROBLEM_A.key()).winner == "fast"
 
 
 def test_load_table_names_a_bad_argument():
@@ -329,7 +329,7 @@ def _table_with(decisions, checksum="c1", device=CPU.fingerprint):
 
 def test_merge_keeps_the_newer_entry_per_device_and_key_and_every_device(store):
     tuner = tuned_tuner(store)
-    a, b = (tuner.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
+    a, b = (tuner.known.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
     old_a, new_a = dataclasses.replace(a, timestamp=1.0), dataclasses.replace(a, winner="slow", timestamp=2.0)
     mine = _table_with([old_a, dataclasses.replace(b, timestamp=5.0)])
     theirs = TuneTable({**_table_with([new_a, dataclasses.replace(b, winner="slow", timestamp=3.0)]).devices,
@@ -345,7 +345,7 @@ def test_merge_keeps_the_newer_entry_per_device_and_key_and_every_device(store):
 
 def test_merge_takes_a_device_of_another_candidate_set_whole_from_the_newer_table(store):
     tuner = tuned_tuner(store)
-    a, b = (tuner.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
+    a, b = (tuner.known.lookup(p.key()) for p in (PROBLEM_A, PROBLEM_B))
     old = _table_with([dataclasses.replace(a, timestamp=1.0), dataclasses.replace(b, timestamp=1.0)])
     new = _table_with([dataclasses.replace(a, timestamp=2.0, winner="slow")], checksum="c2")
     assert old.merge(new).devices[CPU.fingerprint] == new.devices[CPU.fingerprint]
@@ -357,7 +357,7 @@ def test_summary_rows_compare_the_winner_with_xla_and_the_roofline(store):
     rows = table(tuners=[tuner]).summary_rows()
     assert [row.winner for row in rows] == ["fast", "fast"]
     row = rows[0]
-    decision = tuner.lookup(PROBLEM_A.key())
+    decision = tuner.known.lookup(PROBLEM_A.key())
     assert row.winner_seconds == 1.0 and row.xla_seconds == 3.0 and row.speedup == 3.0
     assert row.roofline_fraction == pytest.approx(decision.limit / 1.0)
     assert row.samples == len(decision.result("fast").samples) > 0
@@ -523,7 +523,7 @@ def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_name
         load_table(t, tuners=[tuner])
     message = str(record[0].message)
     assert "'tiny_only'" in message and PROBLEM_A.key().canonical() in message
-    assert tuner.lookup(PROBLEM_A.key()) is None and tuner.store.entries() == []
+    assert tuner.known.lookup(PROBLEM_A.key()) is None and tuner.store.entries() == []
     assert tuner.select(PROBLEM_A).winner == "fast"  # tuned again
 
 
@@ -558,5 +558,5 @@ def test_a_grouped_matmuls_decisions_ship_in_their_own_section_and_install_elsew
     config.update("mode", "require")
     tuned = counters.stats()["tuned"]
     got = jax.jit(jat.ragged_dot)(x, w, sizes)
-    assert counters.stats()["tuned"] == tuned and ragged_tuner_for("cpu").lookup(grouped.entries[0].key) is not None
+    assert counters.stats()["tuned"] == tuned and ragged_tuner_for("cpu").known.lookup(grouped.entries[0].key) is not None
     assert float(jnp.max(jnp.abs(got - want))) == 0.0

@@ -169,9 +169,9 @@ def test_install_rejects_a_decision_whose_winner_is_unknown(store):
     tuner = make_tuner(store)
     decision = tuner.select(PROBLEM)
     other = make_tuner(TuneStore(None))
-    assert other.install(decision)
+    assert other.known.install(decision)
     assert other.select(PROBLEM).source == "memory"
-    assert not other.install(dataclasses.replace(decision, winner="nope"))
+    assert not other.known.install(dataclasses.replace(decision, winner="nope"))
 
 
 def test_decisions_are_logged_as_one_json_line_each(store, tmp_path):
@@ -294,11 +294,11 @@ def test_install_rejects_a_winner_that_cannot_run_the_key_and_require_then_uses_
     tuner = make_tuner(store, with_tiny_only())
     decision = tuner.select(PROBLEM)
     serving = make_tuner(TuneStore(None), with_tiny_only())
-    result = serving.install_many([dataclasses.replace(decision, winner="tiny_only")])
+    result = serving.known.install_many([dataclasses.replace(decision, winner="tiny_only")])
     assert result.installed == 0 and "'tiny_only' cannot run key" in result.rejected[0]
-    assert serving.lookup(PROBLEM.key()) is None
+    assert serving.known.lookup(PROBLEM.key()) is None
     assert serving.select(PROBLEM, policy=Policy(mode="require")).winner == "xla_dot"
-    assert serving.install(decision)  # a usable one goes in
+    assert serving.known.install(decision)  # a usable one goes in
     assert serving.select(PROBLEM, policy=Policy(mode="require")).winner == "fast"
 
 
@@ -311,7 +311,7 @@ def test_install_many_writes_every_decision_in_one_transaction(store):
     calls = []
     original = fresh_store.put_many
     fresh_store.put_many = lambda rows: calls.append(list(rows)) or original(calls[-1])
-    result = make_tuner(fresh_store).install_many([decision, other])
+    result = make_tuner(fresh_store).known.install_many([decision, other])
     assert (result.installed, result.persisted) == (2, True)
     assert len(calls) == 1 and len(calls[0]) == 2
     assert len(fresh_store.entries()) == 2
@@ -461,7 +461,7 @@ def test_a_context_keys_decision_is_stored_and_read_back_under_its_own_key(store
     make_tuner(store, timer=FakeTimer(custom_call_loses_its_fusion, real_outputs=True)).select(IN_CONTEXT)
     again = make_tuner(store).select(IN_CONTEXT)
     assert again.source == "store" and again.winner == "xla_dot"
-    assert make_tuner(store).lookup(PROBLEM.key()) is None  # the bare key is another one
+    assert make_tuner(store).known.lookup(PROBLEM.key()) is None  # the bare key is another one
 
 
 def test_a_context_key_does_not_time_again_what_lost_its_bare_product_by_a_wide_margin(store):

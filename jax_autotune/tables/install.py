@@ -117,7 +117,7 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
         fingerprint, checksum = section_of(tuner), tuner.checksum
         sections[fingerprint] = (checksum, tuple(tuner.candidate_set.names()))
         found = decisions.setdefault(fingerprint, {})
-        for decision in tuner.memory_decisions():  # its store's rows are read below
+        for decision in tuner.known.memory_decisions():  # its store's rows are read below
             if decision.source != Source.FALLBACK and decision.checksum in ("", checksum):
                 found.setdefault(decision.key, dataclasses.replace(
                     decision, device=fingerprint, checksum=checksum))
@@ -181,7 +181,7 @@ def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = Non
             other_set += len(section.entries)
             installed[fingerprint] = Installed(0, (), True)
             continue
-        installed[fingerprint] = result = tuner.install_many(
+        installed[fingerprint] = result = tuner.known.install_many(
             (d.with_source("table") for d in section.entries), persist=persist)
         rejected.extend(result.rejected)
     if other_set or rejected:
@@ -243,7 +243,7 @@ def clear_decisions(device: str | None = None) -> int:
     tuners = built_tuners()
     for tuner in tuners:
         if device is None or tuner.device.fingerprint == device:
-            tuner.forget()
+            tuner.known.forget()
     deleted = 0
     with stores_in_use(tuners) as stores:
         for store in stores:

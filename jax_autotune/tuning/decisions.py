@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 from jax_autotune.errors import StoreWarning, TuneTableError
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import counters
-from jax_autotune.tuning.candidates import Candidate, CandidateSet
+from jax_autotune.tuning.candidates import CandidateSet
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.namespaces import decision_namespace
@@ -74,9 +74,6 @@ class KnownDecisions:
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- reading
-    def candidate(self, name: str) -> Candidate:
-        return self.candidate_set.by_name(name)
-
     def lookup(self, key: MatmulKey) -> Decision | None:
         """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
         with self._lock:
@@ -93,7 +90,7 @@ class KnownDecisions:
         """
         key = key or decision.key
         try:
-            candidate = self.candidate(decision.winner)
+            candidate = self.candidate_set.by_name(decision.winner)
         except KeyError:
             return f"winner {decision.winner!r} is not a candidate of this build (key [{key.canonical()}])"
         if candidate.runs(self.device, key):
@@ -168,6 +165,14 @@ class KnownDecisions:
             event.set()
 
     # ---------------------------------------------------------------- writing
+    def install(self, decision: Decision, persist: bool = True) -> bool:
+        """``install_many([decision])``; False if the decision was rejected.
+
+            >>> known.install(decision)
+            True
+        """
+        return not self.install_many([decision], persist=persist).rejected
+
     def install_many(self, decisions: Iterable[Decision], persist: bool = True) -> Installed:
         """Put decisions (e.g. a tune table's) into memory and (``persist``) the store, all
         in one transaction. A decision whose winner cannot run its key here is rejected:

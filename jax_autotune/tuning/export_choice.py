@@ -8,7 +8,7 @@ holds no measured result is measured now (the caller passes ``measure`` in mode 
 XLA's dot otherwise). This module only ranks: ``Tuner.emitted`` asks it, records the
 choice on the decision (``export_kernel``, ``export_reason``) and logs it.
 
-    >>> choose(decision, verdict=lambda name: check(tuner.candidate(name), problem, "cpu"),
+    >>> choose(decision, verdict=lambda name: check(tuner.candidate_set.by_name(name), problem, "cpu"),
     ...        allowed=frozenset(), baseline="xla_dot", measure=None)
     ('xla_dot', 'native_gemm_avx2_6x16_t2 emits jax_autotune_gemm, which jax.export does not take; ...')
 """

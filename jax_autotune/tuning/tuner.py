@@ -27,7 +27,8 @@ A tuning that measured nothing valid is a fallback, kept in memory only.
 
     >>> tuner = jax_autotune.registry.tuner_for("cpu")      # the registry builds tuners
     >>> decision = tuner.select(problem)
-    >>> tuner.candidate(decision.winner).fn(lhs, rhs, problem)
+    >>> tuner.candidate_set.by_name(decision.winner).fn(lhs, rhs, problem)
+    >>> tuner.known.lookup(decision.key)                     # what is known: memory, the store
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
 from jax_autotune.tuning.consensus import Settled, current_job, decide_in_job, decide_on_host, job_key
 from jax_autotune.tuning.decision import CandidateResult, Decision, Outcome, Source, log_decision
-from jax_autotune.tuning.decisions import Installed, KnownDecisions
+from jax_autotune.tuning.decisions import KnownDecisions
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.export_safety import allowed_targets
 from jax_autotune.tuning.plan import DEMOTED, make_plan
@@ -110,49 +111,16 @@ class Tuner:
             quick=tuple(c for c in candidate_set.candidates if c.quick_compile))
 
     # ---------------------------------------------------------------- what is known
+    # ``known`` answers what is known (``lookup``, ``install``, ``decisions``, ``forget``, ...);
+    # the candidates are ``candidate_set``'s (``candidate_set.by_name(winner)``)
     @property
     def store(self) -> TuneStore:
         return self.known.store
-
-    def candidate(self, name: str) -> Candidate:
-        return self.candidate_set.by_name(name)
-
-    def lookup(self, key: MatmulKey) -> Decision | None:
-        """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
-        return self.known.lookup(key)
-
-    def unusable(self, decision: Decision, key: MatmulKey | None = None) -> str:
-        """Why the decision's winner cannot run ``key`` here, or '' (``KnownDecisions.unusable``)."""
-        return self.known.unusable(decision, key)
-
-    def install(self, decision: Decision, persist: bool = True) -> bool:
-        """``install_many([decision])``; False if the decision was rejected."""
-        return not self.install_many([decision], persist=persist).rejected
-
-    def install_many(self, decisions: Iterable[Decision], persist: bool = True) -> Installed:
-        """Decisions (a tune table's) into memory and (``persist``) the store, in one
-        transaction; those whose winner cannot run their key here are rejected.
-
-            >>> tuner.install_many(table_entries)
-            Installed(installed=120, rejected=(), persisted=True)
-        """
-        return self.known.install_many(decisions, persist)
-
-    def memory_decisions(self) -> list[Decision]:
-        return self.known.memory_decisions()
-
-    def decisions(self) -> list[Decision]:
-        """Every decision this tuner knows: memory, then the store's for this device."""
-        return self.known.decisions()
 
     def use_store(self, store: TuneStore) -> None:
         """Switch to another store (decisions and probes are read from and written there)."""
         self.known.use_store(store)
         self.probes.store = store
-
-    def forget(self) -> None:
-        """Drop the memory table and the rejected keys (the store is untouched)."""
-        self.known.forget()
 
     # ---------------------------------------------------------------- deciding
     def select(self, problem: MatmulProblem, key: MatmulKey | None = None,
@@ -239,7 +207,7 @@ class Tuner:
         """
         if self.device.platform != "gpu" or not policy.tunes:
             return 0
-        pairs = [(problem, candidate) for key, problem in work if self.lookup(key) is None
+        pairs = [(problem, candidate) for key, problem in work if self.known.lookup(key) is None
                  for candidate in xla_round(make_plan(self.candidate_set, key, self.device))]
         return xla_priming.prime(pairs, self._jax_device())
 
@@ -254,7 +222,7 @@ class Tuner:
             'xla_dot'
         """
         if not for_export:
-            return self.candidate(decision.winner)
+            return self.candidate_set.by_name(decision.winner)
         baseline = self.candidate_set.baseline.name
         try:
             measure = functools.partial(self.measure, problem, decision.key, policy) if policy.tunes else None
@@ -264,13 +232,13 @@ class Tuner:
             name, reason = baseline, f"export choice failed ({type(err).__name__}: {err}): XLA's dot"[:500]
         recorded = dataclasses.replace(decision, export_kernel=name, export_reason=reason)
         if (name, reason) != (decision.export_kernel, decision.export_reason) and decision.source != Source.FALLBACK:
-            self.install(recorded)  # a fallback decision (never stored) is only logged
+            self.known.install(recorded)  # a fallback decision (never stored) is only logged
         log_decision(recorded, policy.log_decisions, event="jax_autotune.export")
-        return self.candidate(name)
+        return self.candidate_set.by_name(name)
 
     def _export_safety(self, problem: MatmulProblem, platform: str, name: str):
         try:
-            return self.candidate(name).export_safety(problem, platform)
+            return self.candidate_set.by_name(name).export_safety(problem, platform)
         except KeyError:  # a name this build does not know
             return None
 
@@ -324,7 +292,7 @@ class Tuner:
         as skipped results; a bare key, or a product not tuned yet, rules out none."""
         if key.epilogue.is_bare or self.rules.reuse_ratio is None:
             return {}
-        bare = self.lookup(reuse.product_key(key))
+        bare = self.known.lookup(reuse.product_key(key))
         if bare is None or bare.source == Source.FALLBACK:
             return {}
         rounds = {c.name: r.label for r in plan.runnable for c in r.candidates}
