@@ -17,8 +17,9 @@ the reference's (CubeCL's ``MatmulAutotuneKey``):
   ragged (``RAGGED_MODES``); a dense key has neither and is written as before. The
   group sizes are runtime values: they are not in the key (``jax_autotune.splits``).
 
-A ``MatmulKey`` is built from a ``MatmulProblem`` (``jax_autotune.problem``) at a level
-the caller passes in: this module reads no setting.
+A ``MatmulKey`` is derived here, from a ``MatmulProblem`` (``jax_autotune.problem``) at a
+level the caller passes in (``key_of``; ``MatmulProblem.key`` calls it): this module reads
+no setting.
 
     >>> import jax, jax_autotune as jat
     >>> a = jax.ShapeDtypeStruct((1000, 1000), "float32")
@@ -384,6 +385,45 @@ class MatmulKey:
                 raise ValueError(f"MatmulKey.parse: expected name=value, got {part!r}")
             data[name] = int(value) if value.lstrip("-").isdigit() else value
         return cls.from_json(data)
+
+
+def key_of(problem, level: Level | str = Level.BALANCED) -> MatmulKey:
+    """The tune key of ``problem`` (a ``MatmulProblem``: its sizes, stored shapes, dtypes,
+    layout flags, precision, epilogue and groups) at ``level``, by the rules above.
+
+        >>> key_of(MatmulProblem(1, 1000, 1000, 1000, "float32", "float32", "float32")).m
+        1024
+    """
+    level = Level(level)
+    m, n, k, batch = (anchor(x, level) for x in (problem.m, problem.n, problem.k, problem.batch))
+    lhs_strides = row_major_strides(problem.lhs_shape, np.dtype(problem.lhs_dtype).itemsize)
+    rhs_strides = row_major_strides(problem.rhs_shape, np.dtype(problem.rhs_dtype).itemsize)
+    # logical (batch, rows, cols) strides: a transposed operand swaps the last two
+    lhs_logical = _logical(problem.lhs_shape, lhs_strides, problem.transpose_a)
+    rhs_logical = _logical(problem.rhs_shape, rhs_strides, problem.transpose_b)
+    return MatmulKey(
+        m=m, n=n, k=k, batch=batch,
+        lhs_pow2_factor=pow2_factor(m if problem.transpose_a else k),
+        rhs_pow2_factor=pow2_factor(k if problem.transpose_b else n),
+        lhs_stride_factor=stride_factor(problem.lhs_shape, lhs_strides),
+        rhs_stride_factor=stride_factor(problem.rhs_shape, rhs_strides),
+        lhs_layout=layout_from_strides(*lhs_logical),
+        rhs_layout=layout_from_strides(*rhs_logical),
+        lhs_dtype=problem.lhs_dtype, rhs_dtype=problem.rhs_dtype, out_dtype=problem.out_dtype,
+        precision=problem.precision,
+        scale=scale_of(m, n, k),
+        kind=kind_of(problem.m, problem.n, problem.k),
+        epilogue=problem.epilogue,
+        groups=problem.groups, ragged=problem.ragged, level=level.value,
+    )
+
+
+def _logical(stored_shape, stored_strides, transposed):
+    if not transposed:
+        return stored_shape, stored_strides
+    shape = (*stored_shape[:-2], stored_shape[-1], stored_shape[-2])
+    strides = (*stored_strides[:-2], stored_strides[-1], stored_strides[-2])
+    return shape, strides
 
 
 def compact_form(batch: int, m: int, n: int, k: int, dtypes: tuple[str, str, str], layouts: str,

@@ -25,9 +25,8 @@ import numpy as np
 from jax import lax
 
 from jax_autotune.epilogue import BARE, Epilogue
-from jax_autotune.key import (PRECISION_LEVELS, RAGGED_MODES, Level, MatmulKey, Precision, anchor,
-                              compact_form, dtype_name, kind_of, layout_from_strides, pow2_factor,
-                              row_major_strides, scale_of, stride_factor)
+from jax_autotune.key import (PRECISION_LEVELS, RAGGED_MODES, Level, MatmulKey, Precision, compact_form,
+                              dtype_name, key_of)
 from jax_autotune.splits import SPLITS
 
 
@@ -158,31 +157,9 @@ class MatmulProblem:
         return dataclasses.replace(self, lhs_dtype=self.out_dtype, rhs_dtype=self.out_dtype)
 
     def key(self, level: Level | str = Level.BALANCED) -> MatmulKey:
-        """The tune key of this problem at ``level`` (callers pass the configured level)."""
-        level = Level(level)
-        m, n, k, batch = (anchor(x, level) for x in (self.m, self.n, self.k, self.batch))
-        lhs_item = np.dtype(self.lhs_dtype).itemsize
-        rhs_item = np.dtype(self.rhs_dtype).itemsize
-        lhs_strides = row_major_strides(self.lhs_shape, lhs_item)
-        rhs_strides = row_major_strides(self.rhs_shape, rhs_item)
-        # logical (batch, rows, cols) strides: a transposed operand swaps the last two
-        lhs_logical = _logical(self.lhs_shape, lhs_strides, self.transpose_a)
-        rhs_logical = _logical(self.rhs_shape, rhs_strides, self.transpose_b)
-        return MatmulKey(
-            m=m, n=n, k=k, batch=batch,
-            lhs_pow2_factor=pow2_factor(m if self.transpose_a else k),
-            rhs_pow2_factor=pow2_factor(k if self.transpose_b else n),
-            lhs_stride_factor=stride_factor(self.lhs_shape, lhs_strides),
-            rhs_stride_factor=stride_factor(self.rhs_shape, rhs_strides),
-            lhs_layout=layout_from_strides(*lhs_logical),
-            rhs_layout=layout_from_strides(*rhs_logical),
-            lhs_dtype=self.lhs_dtype, rhs_dtype=self.rhs_dtype, out_dtype=self.out_dtype,
-            precision=self.precision,
-            scale=scale_of(m, n, k),
-            kind=kind_of(self.m, self.n, self.k),
-            epilogue=self.epilogue,
-            groups=self.groups, ragged=self.ragged, level=level.value,
-        )
+        """The tune key of this problem at ``level`` (callers pass the configured level;
+        the rules: ``jax_autotune.key.key_of``)."""
+        return key_of(self, level)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -202,14 +179,6 @@ class MatmulProblem:
         if unknown:
             raise ValueError(f"MatmulProblem: unknown fields {sorted(unknown)}")
         return cls(**data)
-
-
-def _logical(stored_shape, stored_strides, transposed):
-    if not transposed:
-        return stored_shape, stored_strides
-    shape = (*stored_shape[:-2], stored_shape[-1], stored_shape[-2])
-    strides = (*stored_strides[:-2], stored_strides[-1], stored_strides[-2])
-    return shape, strides
 
 
 # ---------------------------------------------------------------- lax's own rules
