@@ -43,19 +43,7 @@ MAX_OPS = 48  # a longer chain is cut there: the rest runs after the tuned progr
 _CLASS_RANK = {"total": 0, "reduced": 1, "full": 2}
 _ROLE_CLASS = {"scalar": "total", "col": "reduced", "row": "row", "full": "full"}
 
-# op name -> number of arguments (None: any, select_n); every op but the reductions and
-# broadcasts is elementwise
-ELEMENTWISE_ARITY = {
-    **dict.fromkeys(("neg", "exp", "log", "log1p", "expm1", "tanh", "logistic", "erf", "sqrt",
-                     "rsqrt", "abs", "sign", "square", "is_finite", "stop_gradient", "relu",
-                     "integer_pow", "convert_element_type"), 1),
-    **dict.fromkeys(("add", "sub", "mul", "div", "max", "min", "gt", "ge", "lt", "le", "eq",
-                     "ne"), 2),
-    "select_n": None,
-}
-REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
-_PARAMS = {"integer_pow": ("y",), "convert_element_type": ("new_dtype",),
-           **dict.fromkeys(REDUCTIONS, ("axes",)), "broadcast": ("to",)}
+_STRUCTURAL_PARAMS = {"broadcast": ("to",)}  # the one op that is no computation: it only lifts a class
 _LITERAL = re.compile(r"^(-?(inf|nan|\d[\d.e+-]*)|True|False):([a-z0-9]+)$")
 
 
@@ -151,14 +139,14 @@ class Epilogue:
         reference, arity, parameter or class."""
         found: list[str] = []
         for index, op in enumerate(self.ops):
-            arity = ELEMENTWISE_ARITY.get(op.name, 1 if op.name in REDUCTIONS + ("broadcast",) else -1)
-            if arity == -1:
+            if op.name not in OPS and op.name not in _STRUCTURAL_PARAMS:
                 raise ValueError(f"epilogue: op {index} {op.name!r} is not an epilogue op")
+            arity = OPS[op.name].arity if op.name in OPS else 1
             if arity is not None and len(op.args) != arity or not op.args:
                 raise ValueError(f"epilogue: op {index} {op.name} takes {arity} arguments, got {len(op.args)}")
-            if tuple(k for k, _ in op.params) != _PARAMS.get(op.name, ()):
-                raise ValueError(f"epilogue: op {index} {op.name} needs parameters "
-                                 f"{_PARAMS.get(op.name, ())}, got {op.params}")
+            needed = OPS[op.name].params if op.name in OPS else _STRUCTURAL_PARAMS[op.name]
+            if tuple(k for k, _ in op.params) != needed:
+                raise ValueError(f"epilogue: op {index} {op.name} needs parameters {needed}, got {op.params}")
             kinds = [self._arg_class(a, found, index) for a in op.args]
             found.append(_result_class(op, kinds, index))
         return tuple(found)
@@ -216,14 +204,15 @@ class Epilogue:
         kernels, on a (rows, cols) tile with operand tiles; there ``compute_dtype``
         ("float32") stands for every narrower float (literals and converts), so the whole
         chain runs in f32 and is rounded once, at the store."""
-        return self._evaluate(y, tuple(operands), _lax_ops(), _jnp(), compute_dtype)
+        return self._evaluate(y, tuple(operands), "lax", _jnp(), compute_dtype)
 
     def reference(self, y: np.ndarray, operands: Sequence[np.ndarray]) -> np.ndarray:
         """The epilogue in float64 (numpy) on a float64 product: converts keep float64."""
         return self._evaluate(np.asarray(y, np.float64), tuple(_float64(o) for o in operands),
-                              _NUMPY_OPS, np)
+                              "reference", np)
 
-    def _evaluate(self, y, operands, table: dict[str, Callable], xp, compute_dtype=None):
+    def _evaluate(self, y, operands, column: str, xp, compute_dtype=None):
+        """The ops run by ``OPS``' ``column`` ("lax" or "reference") on arrays of ``xp``."""
         if self.is_bare:
             return y
         if len(operands) != len(self.operands):
@@ -258,7 +247,7 @@ class Epilogue:
             if op.name in REDUCTIONS:
                 (x, _), = args
                 axis = -1 if params["axes"] == "n" else None
-                results.append(table[op.name](x, axis))
+                results.append(getattr(OPS[op.name], column)(x, axis))
             elif op.name == "broadcast":
                 (x, from_kind), = args
                 results.append(lift(x, from_kind, params["to"]))
@@ -266,7 +255,7 @@ class Epilogue:
                 lifted = [lift(x, k, kind) for x, k in args]
                 if "new_dtype" in params:
                     params["new_dtype"] = _widened(params["new_dtype"], compute_dtype)
-                results.append(table[op.name](*lifted, **params))
+                results.append(getattr(OPS[op.name], column)(*lifted, **params))
         return results[-1]
 
 
@@ -340,46 +329,76 @@ def _jnp():
 
 
 @functools.lru_cache(maxsize=None)
-def _lax_ops() -> dict[str, Callable]:
+def _jax():
     import jax
-    import jax.numpy as jnp
-    from jax import lax
+    return jax
 
-    return {
-        "add": lax.add, "sub": lax.sub, "mul": lax.mul, "div": lax.div, "max": lax.max,
-        "min": lax.min, "gt": lax.gt, "ge": lax.ge, "lt": lax.lt, "le": lax.le, "eq": lax.eq,
-        "ne": lax.ne, "neg": lax.neg, "exp": lax.exp, "log": lax.log, "log1p": lax.log1p,
-        "expm1": lax.expm1, "tanh": lax.tanh, "logistic": lax.logistic, "erf": lax.erf,
-        "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "abs": lax.abs, "sign": lax.sign,
-        "square": lax.square, "is_finite": lax.is_finite, "stop_gradient": lax.stop_gradient,
-        "relu": jax.nn.relu, "select_n": lax.select_n,
-        "integer_pow": lambda x, y: lax.integer_pow(x, int(y)),
-        "convert_element_type": lambda x, new_dtype: lax.convert_element_type(x, new_dtype),
-        "reduce_sum": lambda x, axis: jnp.sum(x, axis=axis),
-        "reduce_max": lambda x, axis: jnp.max(x, axis=axis),
-        "reduce_min": lambda x, axis: jnp.min(x, axis=axis),
-    }
+
+def _lax(name: str) -> Callable:
+    """``lax.<name>``, found at the first call: this module imports no jax."""
+    return lambda *args: getattr(_jax().lax, name)(*args)
 
 
 def _select_n(which, *cases):
     return np.choose(np.asarray(which).astype(np.int64), np.broadcast_arrays(*cases))
 
 
-_NUMPY_OPS: dict[str, Callable] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-    "min": np.minimum, "gt": np.greater, "ge": np.greater_equal, "lt": np.less,
-    "le": np.less_equal, "eq": np.equal, "ne": np.not_equal, "neg": np.negative, "exp": np.exp,
-    "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
-    "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)), "erf": np.vectorize(math.erf, otypes=[np.float64]),
-    "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "abs": np.abs, "sign": np.sign,
-    "square": np.square, "is_finite": np.isfinite, "stop_gradient": lambda x: x,
-    "relu": lambda x: np.maximum(x, 0), "select_n": _select_n,
-    "integer_pow": lambda x, y: x ** int(y),
-    # the reference keeps float64: only a convert to a non-float type changes values
-    "convert_element_type": lambda x, new_dtype: x if is_floating(new_dtype) else x.astype(new_dtype),
-    "reduce_sum": lambda x, axis: np.sum(x, axis=axis),
-    "reduce_max": lambda x, axis: np.max(x, axis=axis),
-    "reduce_min": lambda x, axis: np.min(x, axis=axis),
-}
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One epilogue op: its arguments (None: any number, ``select_n``), how a program runs it
+    (``lax``), its float64 numpy form for the correctness gate (``reference``), its
+    parameters, and whether it is elementwise. The fused GPU kernels (the Triton and
+    Mosaic GEMMs) apply every elementwise op in their tiles; reductions run after them."""
 
-__all__ = ["Epilogue", "Operand", "Op", "BARE", "ROLES", "MAX_OPS", "ELEMENTWISE_ARITY", "REDUCTIONS"]
+    arity: int | None
+    lax: Callable
+    reference: Callable
+    params: tuple[str, ...] = ()
+    elementwise: bool = True
+
+
+def _unary(name: str, reference: Callable) -> OpSpec:
+    return OpSpec(1, _lax(name), reference)
+
+
+def _binary(name: str, reference: Callable) -> OpSpec:
+    return OpSpec(2, _lax(name), reference)
+
+
+def _reduction(name: str, reference: Callable) -> OpSpec:
+    return OpSpec(1, lambda x, axis: getattr(_jnp(), name)(x, axis=axis),
+                  lambda x, axis: reference(x, axis=axis), ("axes",), elementwise=False)
+
+
+# every op an epilogue may hold, by the name the key writes
+OPS: dict[str, OpSpec] = {
+    "neg": _unary("neg", np.negative), "exp": _unary("exp", np.exp), "log": _unary("log", np.log),
+    "log1p": _unary("log1p", np.log1p), "expm1": _unary("expm1", np.expm1),
+    "tanh": _unary("tanh", np.tanh),
+    "logistic": _unary("logistic", lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "erf": _unary("erf", np.vectorize(math.erf, otypes=[np.float64])),
+    "sqrt": _unary("sqrt", np.sqrt), "rsqrt": _unary("rsqrt", lambda x: 1.0 / np.sqrt(x)),
+    "abs": _unary("abs", np.abs), "sign": _unary("sign", np.sign), "square": _unary("square", np.square),
+    "is_finite": _unary("is_finite", np.isfinite),
+    "stop_gradient": _unary("stop_gradient", lambda x: x),
+    "relu": OpSpec(1, lambda x: _jax().nn.relu(x), lambda x: np.maximum(x, 0)),
+    "integer_pow": OpSpec(1, lambda x, y: _jax().lax.integer_pow(x, int(y)), lambda x, y: x ** int(y),
+                          ("y",)),
+    # the reference keeps float64: only a convert to a non-float type changes values
+    "convert_element_type": OpSpec(
+        1, lambda x, new_dtype: _jax().lax.convert_element_type(x, new_dtype),
+        lambda x, new_dtype: x if is_floating(new_dtype) else x.astype(new_dtype), ("new_dtype",)),
+    "add": _binary("add", np.add), "sub": _binary("sub", np.subtract),
+    "mul": _binary("mul", np.multiply), "div": _binary("div", np.divide),
+    "max": _binary("max", np.maximum), "min": _binary("min", np.minimum),
+    "gt": _binary("gt", np.greater), "ge": _binary("ge", np.greater_equal), "lt": _binary("lt", np.less),
+    "le": _binary("le", np.less_equal), "eq": _binary("eq", np.equal), "ne": _binary("ne", np.not_equal),
+    "select_n": OpSpec(None, _lax("select_n"), _select_n),
+    "reduce_sum": _reduction("sum", np.sum), "reduce_max": _reduction("max", np.max),
+    "reduce_min": _reduction("min", np.min),
+}
+ELEMENTWISE_ARITY = {name: spec.arity for name, spec in OPS.items() if spec.elementwise}
+REDUCTIONS = tuple(name for name, spec in OPS.items() if not spec.elementwise)
+
+__all__ = ["Epilogue", "Operand", "Op", "OpSpec", "OPS", "BARE", "ROLES", "MAX_OPS", "ELEMENTWISE_ARITY",
+           "REDUCTIONS"]

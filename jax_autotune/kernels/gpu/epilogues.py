@@ -22,9 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_autotune.context import dot_labels, regions
-from jax_autotune.epilogue import Epilogue
-
-_TRITON_ROLES = frozenset({"scalar", "row", "col", "full"})
+from jax_autotune.epilogue import ROLES, Epilogue
 
 
 class CublasLtForm(NamedTuple):
@@ -38,7 +36,7 @@ class CublasLtForm(NamedTuple):
 def triton_takes(epilogue: Epilogue) -> bool:
     """Whether the Pallas Triton GEMM applies ``epilogue`` in its tiles."""
     return (not epilogue.is_bare and epilogue.elementwise
-            and all(o.role in _TRITON_ROLES for o in epilogue.operands))
+            and all(o.role in ROLES for o in epilogue.operands))
 
 
 def mosaic_takes(epilogue: Epilogue) -> bool:

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_autotune.epilogue import Epilogue, Operand
+from jax_autotune.epilogue import ROLES, Epilogue, Operand
 from jax_autotune.kernels.gpu.sizes import ROW_ALIGN_BYTES, cdiv, two_warpgroup_tile
 from jax_autotune.tuning.device import shared_memory_for_capability
 
@@ -73,7 +73,6 @@ H100_SMS = 132  # H100 SXM and H200 both have 132 SMs
 HALF_DTYPES = ("bfloat16", "float16")
 DTYPES = HALF_DTYPES + ("float32",)
 _BARRIER_BYTES = 1024  # mbarriers and alignment slack
-_ROLES = ("scalar", "row", "col", "full")
 _TMA_ROWS = 8  # the row tile of the shared-memory tiling
 
 
@@ -532,9 +531,9 @@ def mosaic_gemm(lhs, rhs, *, config: MosaicGemmConfig, transpose_lhs: bool = Fal
         if epilogue_roles is None or not callable(epilogue):
             raise ValueError("mosaic_gemm: epilogue must be an Epilogue, or a callable with epilogue_roles")
         roles = tuple(epilogue_roles)
-    if len(roles) != len(epilogue_operands) or any(r not in _ROLES for r in roles):
+    if len(roles) != len(epilogue_operands) or any(r not in ROLES for r in roles):
         raise ValueError(f"mosaic_gemm: epilogue_operands ({len(epilogue_operands)}) must match the epilogue's "
-                         f"roles {roles}, each one of {_ROLES}")
+                         f"roles {roles}, each one of {ROLES}")
     reason = supports(m, n, k, lhs.dtype.name, transpose_lhs=transpose_lhs, transpose_rhs=transpose_rhs,
                       out_dtype=out_dtype, batch=batch, config=config, epilogue=tagged,
                       epilogue_operands=tuple((r, jnp.asarray(x).dtype.name)
