@@ -39,10 +39,10 @@ if scenario in ("slow", "killed"):
     if index == 1:
         tune = Tuner._tune
 
-        def claimed_then(self, key, problem):
+        def claimed_then(self, key, problem, policy):
             open(marker, "w").close()  # this process holds the claim now
             time.sleep(3600 if scenario == "killed" else 2.0)
-            return tune(self, key, problem)
+            return tune(self, key, problem, policy)
         Tuner._tune = claimed_then
     else:
         deadline = time.time() + 120
