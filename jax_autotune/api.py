@@ -87,7 +87,6 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     if tuned is None:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type,
                           out_sharding=out_sharding)
-    precision_level, out_dtype = tuned
     vector_a, vector_b = a.ndim == 1, b.ndim == 1
     a2 = a[None, :] if vector_a else a
     b2 = b[:, None] if vector_b else b
@@ -102,21 +101,19 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     final_shape = (*batch_shape, m, n)
     if vector_a or vector_b:
         final_shape = (*batch_shape, *([m] if not vector_a else []), *([n] if not vector_b else []))
-    if min(batch, m, n, k) == 0:  # what jnp returns: empty, or zeros when only k is 0
-        return jnp.zeros(final_shape, out_dtype)
     if b2.ndim == 2 and batch > 1:
         # (..., m, k) @ (k, n): one (1, batch*m, k) problem, no copy of b
-        lhs = _reshape(a2, (1, batch * m, k))
-        problem = _problem(1, batch * m, n, k, lhs, b2, out_dtype, False, False, precision_level)
-        out = bind_matmul(lhs, _reshape(b2, (1, k, n)), problem,
-                          _canonical_sharding(out_sharding, final_shape, problem.out_shape))
+        lhs, rhs, nb = a2, b2, 0
+        lfree = tuple(range(a2.ndim - 1))
     else:
-        lhs = _reshape(jnp.broadcast_to(a2, (*batch_shape, m, k)), (batch, m, k))
-        rhs = _reshape(jnp.broadcast_to(b2, (*batch_shape, k, n)), (batch, k, n))
-        problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, False, False, precision_level)
-        out = bind_matmul(lhs, rhs, problem,
-                          _canonical_sharding(out_sharding, final_shape, problem.out_shape))
-    return _reshape(out, final_shape, out_sharding)
+        nb = len(batch_shape)
+        lhs, rhs = jnp.broadcast_to(a2, (*batch_shape, m, k)), jnp.broadcast_to(b2, (*batch_shape, k, n))
+        lfree = (nb,)
+    dims = ((tuple(range(nb)), lfree, (lhs.ndim - 1,)), (tuple(range(nb)), (nb + 1,), (nb,)))
+    return _bound(lhs, rhs, dims, tuned, final_shape, out_sharding,
+                  plain=lambda: jnp.matmul(a, b, precision=precision,
+                                           preferred_element_type=preferred_element_type,
+                                           out_sharding=out_sharding))
 
 
 def _explicitly_sharded(*operands) -> bool:
@@ -296,28 +293,44 @@ def _dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
     rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
     tuned = _tuned("dot_general", lhs, rhs, precision, preferred_element_type)
     in_context = epilogue is not None
-    if tuned is None or (in_context and (lhs.size == 0 or rhs.size == 0 or lhs.dtype != rhs.dtype)):
-        if in_context:
-            return None
+
+    def plain():
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type,
-                               out_sharding=out_sharding)
-    precision_level, out_dtype = tuned
+                               preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+
+    if tuned is None or (in_context and (lhs.size == 0 or rhs.size == 0 or lhs.dtype != rhs.dtype)):
+        return None if in_context else plain()
     out_shape = tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lfree) + \
         tuple(rhs.shape[d] for d in rfree)
-    if lhs.size == 0 or rhs.size == 0:  # what lax returns: empty, or zeros when only k is 0
+    return _bound(lhs, rhs, ((lb, lfree, lc), (rb, rfree, rc)), tuned, out_shape, out_sharding, plain,
+                  epilogue, operands)
+
+
+def _bound(lhs, rhs, dims, tuned, out_shape, out_sharding, plain, epilogue: Epilogue | None = None,
+           operands=None):
+    """The pipeline ``matmul`` and ``dot_general`` share: ``lhs`` and ``rhs`` with their
+    ``dims`` ((batch, free, contracting) of each) as the canonical problem, bound tuned and
+    reshaped to ``out_shape``; ``tuned`` is ``_tuned``'s (precision level, result dtype).
+    A zero-size operand gives zeros (an empty array, or zeros when only k is 0), as lax.
+    With ``epilogue`` (``dot_general_in_context``) the canonical result of the matmul in its
+    context, or ``LEFT_PLAIN``; without, ``plain()`` (lax's own call) where the key is left plain.
+
+        >>> _bound(x, w, (((), (0,), (1,)), ((), (1,), (0,))), (Precision.DEFAULT, x.dtype),
+        ...        (8, 16), None, plain=lambda: x @ w)
+    """
+    (lb, lfree, lc), (rb, rfree, rc) = dims
+    precision_level, out_dtype = tuned
+    in_context = epilogue is not None
+    if lhs.size == 0 or rhs.size == 0:
         return jnp.zeros(out_shape, out_dtype)
     _, transpose_a, (batch, _, _) = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
     _, transpose_b, _ = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
-    problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b,
-                       precision_level)
+    problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision_level)
     if _left_plain(problem, epilogue):
-        return LEFT_PLAIN if in_context else lax.dot_general(
-            lhs, rhs, dimension_numbers, precision=precision,
-            preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+        return LEFT_PLAIN if in_context else plain()
     lhs3 = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
     rhs3 = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
     if in_context:
