@@ -16,8 +16,8 @@ import pytest
 
 from jax_autotune.key import MatmulKey
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning.consensus import (Job, JaxAutotuneConsensusWarning, decide_in_job,
-                                           decide_on_host)
+from jax_autotune.tuning.consensus import (HostAgreement, Job, JaxAutotuneConsensusWarning, JobAgreement,
+                                           Settled)
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.store import DirectoryStore, SqliteStore
 
@@ -32,6 +32,25 @@ def decision(winner, source="tuned"):
 
 def fallback(reason):
     return Decision(key=KEY, problem=PROBLEM, winner="xla_dot", source="fallback", reason=reason)
+
+
+def agreed(agreement, propose, wait_seconds, key="k"):
+    """The decision ``agreement`` ends with, as the tuner reaches it: another process's, or
+    this one's (``propose()`` on its turn, XLA's dot after the wait), published."""
+    with agreement.turn(key, wait_seconds) as turn:
+        if turn.settled in (Settled.STORED, Settled.ADOPTED):
+            return Decision.from_json(turn.value), turn.settled
+        mine = propose() if turn.settled is None else fallback(turn.why)
+        value, settled = agreement.publish(turn, mine.to_json(), lasting=mine.source == "tuned")
+    return Decision.from_json(value), settled
+
+
+def in_job(kv, index, count, propose, wait_seconds):
+    return agreed(JobAgreement(Job(kv, index, count), "cpu", "c"), propose, wait_seconds)
+
+
+def on_host(store, propose, lease_seconds, wait_seconds):
+    return agreed(HostAgreement(store, "ns", "c", lease_seconds), propose, wait_seconds)
 
 
 class FakeKV:
@@ -94,7 +113,7 @@ def test_in_a_job_one_process_tunes_and_every_process_adopts_its_winner():
             tunings.append(i)
             time.sleep(0.05)  # the others are waiting meanwhile
             return decision(f"kernel_of_{i}")
-        return decide_in_job(Job(kv, i, 4), "k", tune, fallback, wait_seconds=30)
+        return in_job(kv, i, 4, tune, wait_seconds=30)
 
     results = run_in_threads(4, process)
     assert len(tunings) == 1
@@ -104,9 +123,8 @@ def test_in_a_job_one_process_tunes_and_every_process_adopts_its_winner():
 
 def test_in_a_job_a_stored_decision_is_what_the_claimer_proposes():
     kv = FakeKV()
-    first, how = decide_in_job(Job(kv, 0, 2), "k", lambda: decision("stored_kernel", "store"),
-                               fallback, wait_seconds=5)
-    second, how_second = decide_in_job(Job(kv, 1, 2), "k", lambda: decision("other"), fallback, 5)
+    first, how = in_job(kv, 0, 2, lambda: decision("stored_kernel", "store"), wait_seconds=5)
+    second, how_second = in_job(kv, 1, 2, lambda: decision("other"), 5)
     assert (first.winner, how) == ("stored_kernel", "proposed")
     assert (second.winner, how_second) == ("stored_kernel", "adopted")
 
@@ -119,13 +137,13 @@ def test_in_a_job_a_claimer_too_slow_adopts_the_waiters_xla_dot():
         return decision("late_kernel")
 
     claimer = threading.Thread(target=lambda: results.append(
-        decide_in_job(Job(kv, 0, 2), "k", slow_tune, fallback, wait_seconds=30)))
+        in_job(kv, 0, 2, slow_tune, wait_seconds=30)))
     results = []
     claimer.start()
     with kv.changed:  # the claimer holds the key's claim
-        assert kv.changed.wait_for(lambda: "k/claim" in kv.values, 30)
+        assert kv.changed.wait_for(lambda: any(k.endswith("/claim") for k in kv.values), 30)
     with pytest.warns(JaxAutotuneConsensusWarning, match="no decision"):
-        waiter, how = decide_in_job(Job(kv, 1, 2), "k", slow_tune, fallback, wait_seconds=0.1)
+        waiter, how = in_job(kv, 1, 2, slow_tune, wait_seconds=0.1)
     assert (waiter.winner, how) == ("xla_dot", "fallback")
     release.set()
     claimer.join(30)
@@ -155,7 +173,7 @@ def test_on_one_host_one_thread_tunes_and_the_others_adopt(open_shared):
             time.sleep(0.1)
             return decision(f"kernel_of_{i}")
         try:
-            return decide_on_host(store, "ns", "k", "c", tune, fallback, lease_seconds=5, wait_seconds=30)
+            return on_host(store, tune, lease_seconds=5, wait_seconds=30)
         finally:
             store.close()
 
@@ -172,7 +190,7 @@ def test_a_stored_decision_is_never_replaced_by_a_concurrent_tuning(open_shared)
         store.put("ns", "k", "c", decision("first_kernel").to_json())
         return decision("second_kernel")
 
-    result, how = decide_on_host(store, "ns", "k", "c", tune, fallback, lease_seconds=5, wait_seconds=5)
+    result, how = on_host(store, tune, lease_seconds=5, wait_seconds=5)
     assert (result.winner, how) == ("first_kernel", "adopted")
     assert store.get("ns", "k", "c")["winner"] == "first_kernel"
 
@@ -185,7 +203,7 @@ def test_a_claim_of_a_dead_process_is_taken_over_at_once(open_shared):
     # waiting for the 600 s lease would end at wait_seconds with XLA's dot and a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", JaxAutotuneConsensusWarning)
-        result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+        result, how = on_host(store, lambda: decision("mine"),
                                      lease_seconds=600, wait_seconds=1)
     assert (result.winner, how) == ("mine", "tuned")
 
@@ -193,7 +211,7 @@ def test_a_claim_of_a_dead_process_is_taken_over_at_once(open_shared):
 def test_a_lapsed_lease_of_another_host_is_taken_over(open_shared):
     store = open_shared()
     assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=0.3)[0] == "claimed"
-    result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+    result, how = on_host(store, lambda: decision("mine"),
                                  lease_seconds=5, wait_seconds=30)
     assert (result.winner, how) == ("mine", "tuned")
 
@@ -202,10 +220,36 @@ def test_a_claim_held_past_the_wait_gives_xla_dot_without_storing_it(open_shared
     store = open_shared()
     assert store.claim("ns", "k", "c", "elsewhere:1:x", lease_seconds=600)[0] == "claimed"
     with pytest.warns(JaxAutotuneConsensusWarning, match="holds the tuning"):
-        result, how = decide_on_host(store, "ns", "k", "c", lambda: decision("mine"), fallback,
+        result, how = on_host(store, lambda: decision("mine"),
                                      lease_seconds=5, wait_seconds=0.2)
     assert (result.winner, how) == ("xla_dot", "fallback")
     assert store.get("ns", "k", "c") is None
+
+
+def test_a_failed_tuning_is_not_stored_and_its_claim_is_released(open_shared):
+    store = open_shared()
+    result, how = on_host(store, lambda: fallback("tuning failed"), lease_seconds=600, wait_seconds=1)
+    assert (result.winner, how) == ("xla_dot", "tuned")
+    assert store.get("ns", "k", "c") is None
+    assert store.claim("ns", "k", "c", "another:1:x", lease_seconds=5)[0] == "claimed"  # free at once
+
+
+def test_a_turn_that_raises_releases_its_claim(open_shared):
+    store, agreement = open_shared(), HostAgreement(open_shared(), "ns", "c", lease_seconds=600)
+    with pytest.raises(KeyboardInterrupt):
+        with agreement.turn("k", wait_seconds=1) as turn:
+            assert turn.settled is None and store.claim("ns", "k", "c", "another:1:x", 5)[0] == "busy"
+            raise KeyboardInterrupt
+    assert store.claim("ns", "k", "c", "another:1:x", lease_seconds=5)[0] == "claimed"
+
+
+def test_a_value_the_store_may_not_keep_is_decided_again(open_shared):
+    store = open_shared()
+    store.put("ns", "k", "c", {"winner": "gone_kernel"})
+    agreement = HostAgreement(store, "ns", "c", lease_seconds=5, usable=lambda value: value["winner"] != "gone_kernel")
+    result, how = agreed(agreement, lambda: decision("mine"), wait_seconds=5)
+    assert (result.winner, how) == ("mine", "tuned")
+    assert store.get("ns", "k", "c")["winner"] == "mine"
 
 
 # ---------------------------------------------------------------- real processes

@@ -27,7 +27,7 @@ from jax_autotune.registry import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision, Source
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
 from jax_autotune.tuning.store import TuneStore, open_store
-from jax_autotune.tuning.decisions import Installed, stored_decision
+from jax_autotune.tuning.known import Installed, stored_decision
 from jax_autotune.tuning.tuner import Tuner
 
 _NAMED_REJECTIONS = 3  # rejected entries a warning names one by one

@@ -3,31 +3,37 @@ processes of one host that share a tune store.
 
 Different processes running different kernels for one key can mean different programs
 and a hang in the next collective; tuning a key in every process wastes their time. So
-a key missing from the store is decided by exactly one process and adopted by the rest:
+a key missing from the store is decided by exactly one process and adopted by the rest.
+An agreement deals in JSON values (a decision's ``to_json``) and knows nothing of how
+they are made: ``turn(key)`` says whether this process decides the key or another has,
+and ``publish(turn, value)`` offers this process's value, returning the one agreed.
 
-* **in a job** (``jax.distributed`` with more than one process), through the job's
-  key-value store (the client JAX's own multi-host compilation uses): the first process
-  whose atomic ``key_value_increment`` of the key's claim returns 1 tunes it and inserts
-  the decision (``allow_overwrite=False``); the others ``blocking_key_value_get`` it, for
-  at most ``TuningRules.peer_wait_seconds``, then insert XLA's dot themselves with a
-  warning (never a hang). An insert that finds a decision adopts that one, so a claimer
-  that finishes late adopts the waiters' XLA's dot: every process ends with the same;
-* **on one host** (a shared store, no job): the tuner claims the key in the store
-  (owner and a lease, renewed while it tunes, taken over once it lapses or its process
-  is gone), the others poll for the decision and adopt it, and a stored decision is never
-  replaced by a concurrent tuning (``TuneStore.put_if_absent``). The SQLite store claims
-  in a table, the directory store in a claim file, so this works across the hosts of a
-  shared filesystem too (a claim's process is known dead only on its own host; elsewhere
-  its lease lapses).
+* **in a job** (``JobAgreement``: ``jax.distributed`` with more than one process), through
+  the job's key-value store (the client JAX's own multi-host compilation uses): the first
+  process whose atomic ``key_value_increment`` of the key's claim returns 1 decides it and
+  inserts its value (``allow_overwrite=False``); the others ``blocking_key_value_get`` it, for
+  at most the wait, then publish XLA's dot themselves with a warning (never a hang). An
+  insert that finds a value adopts that one, so a claimer that finishes late adopts the
+  waiters' XLA's dot: every process ends with the same;
+* **on one host** (``HostAgreement``: a shared store, no job): the process claims the key in
+  the store (owner and a lease, renewed while its turn lasts, taken over once it lapses or
+  its process is gone), the others poll for the value and adopt it, and a stored value is
+  never replaced by a concurrent one (``Store.put_if_absent``). The SQLite store claims in
+  a table, the directory store in a claim file, so this works across the hosts of a shared
+  filesystem too (a claim's process is known dead only on its own host; elsewhere its lease
+  lapses). Only a lasting value is stored: a fallback is the next process's to decide again.
 
-    >>> decision, how = decide_on_host(store, namespace, key.canonical(), checksum, tune,
-    ...                                fallback, lease_seconds=15, wait_seconds=60)
-    >>> decision, how = decide_in_job(current_job(), job_key("gpu", checksum, key.canonical()),
-    ...                               propose, fallback, wait_seconds=60)
+    >>> agreement = HostAgreement(store, namespace, checksum, lease_seconds=15)
+    >>> with agreement.turn(key.canonical(), wait_seconds=60) as turn:
+    ...     if turn.settled is None:                        # this process decides the key
+    ...         value, settled = agreement.publish(turn, tuned.to_json(), lasting=True)
+    ...     else:                                            # stored, adopted, or timed out
+    ...         value, settled = turn.value, turn.settled
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -39,13 +45,11 @@ import socket
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import Callable, Iterator
 
 from jax_autotune.errors import ConsensusWarning, JaxAutotuneConsensusWarning  # noqa: F401 - its earlier home
 from jax_autotune._version import __version__
-from jax_autotune.tuning.decision import Decision, Source
-from jax_autotune.tuning.store import TuneStore
-from jax_autotune.tuning.store_protocol import Claim
+from jax_autotune.tuning.store_protocol import Claim, Store
 
 _MAX_TIMEOUT_MS = 2**31 - 1
 
@@ -60,6 +64,21 @@ class Settled(enum.StrEnum):
     ADOPTED = "adopted"
     PROPOSED = "proposed"
     FALLBACK = "fallback"
+
+
+@dataclasses.dataclass
+class Turn:
+    """Where one key stands before this process decides anything: ``settled`` None when
+    this process decides it (and publishes its value); ``STORED`` or ``ADOPTED`` with the
+    agreed ``value``; ``FALLBACK`` when no decision came within the wait (``why`` says),
+    when this process publishes XLA's dot."""
+
+    key: str
+    settled: Settled | None = None
+    value: dict | None = None
+    why: str = ""
+    owner: str = ""  # this process's claim (one host)
+    published: bool = False
 
 
 def _status(err: BaseException) -> str:
@@ -99,51 +118,65 @@ def job_key(platform: str, checksum: str, key_string: str) -> str:
     return f"jax_autotune/{__version__}/{platform}/{checksum}/{digest}"
 
 
-def decide_in_job(job: Job, path: str, propose: Callable[[], Decision],
-                  fallback: Callable[[str], Decision], wait_seconds: float) -> tuple[Decision, Settled]:
-    """The job's decision for the key at ``path``: (decision, how), how ``PROPOSED`` when this
-    process claimed the key and its ``propose()`` (a stored decision, or a tuning) was
-    published, ``ADOPTED`` when a peer's was, ``FALLBACK`` when no peer published in time.
-    Errors of the key-value store propagate (the caller falls back locally)."""
-    client = job.client
+class JobAgreement:
+    """One value per key among a job's processes, through its key-value store. Errors of
+    the key-value store propagate (the caller falls back in this process).
 
-    def lookup():
+        >>> agreement = JobAgreement(current_job(), "gpu", checksum)
+    """
+
+    def __init__(self, job: Job, platform: str, checksum: str):
+        self.client, self.platform, self.checksum = job.client, platform, checksum
+
+    @contextlib.contextmanager
+    def turn(self, key: str, wait_seconds: float) -> Iterator[Turn]:
+        """``ADOPTED`` with a peer's value (published already, or within ``wait_seconds``),
+        None when this process claimed the key, ``FALLBACK`` when no peer published in time."""
+        path = self._path(key)
+        found = self._lookup(path)
+        if found is not None:
+            yield Turn(key, Settled.ADOPTED, found)
+            return
+        if self.client.key_value_increment(path + "/claim", 1) == 1:
+            yield Turn(key)
+            return
         try:
-            return Decision.from_json(json.loads(client.key_value_try_get(path)))
+            text = self.client.blocking_key_value_get(path, max(0, min(_MAX_TIMEOUT_MS, int(wait_seconds * 1000))))
+            yield Turn(key, Settled.ADOPTED, json.loads(text))
+            return
+        except Exception as err:  # noqa: BLE001 - the client raises JaxRuntimeError
+            if _status(err) != "DEADLINE_EXCEEDED":
+                raise
+        warnings.warn(f"jax_autotune: no decision from the process tuning {path} within "
+                      f"{wait_seconds:.0f} s; every process uses XLA's dot for it",
+                      ConsensusWarning, stacklevel=5)
+        yield Turn(key, Settled.FALLBACK, why=f"no peer decided within {wait_seconds:.0f} s")
+
+    def publish(self, turn: Turn, value: dict, lasting: bool = True) -> tuple[dict, Settled]:
+        """Insert ``value`` for the key (a fallback too: a claimer finishing late adopts it);
+        (the value every process ends with, how): this one's (``PROPOSED``, or ``FALLBACK``
+        after a timeout) or a peer's inserted first (``ADOPTED``)."""
+        path = self._path(turn.key)
+        try:
+            self.client.key_value_set(path, json.dumps(value, sort_keys=True), allow_overwrite=False)
+            turn.published = True
+            return value, Settled.FALLBACK if turn.settled == Settled.FALLBACK else Settled.PROPOSED
+        except Exception as err:  # noqa: BLE001
+            if _status(err) != "ALREADY_EXISTS":
+                raise
+        theirs = self._lookup(path)
+        return (value, Settled.PROPOSED) if theirs is None else (theirs, Settled.ADOPTED)
+
+    def _path(self, key: str) -> str:
+        return job_key(self.platform, self.checksum, key)
+
+    def _lookup(self, path: str) -> dict | None:
+        try:
+            return json.loads(self.client.key_value_try_get(path))
         except Exception as err:  # noqa: BLE001 - the client raises JaxRuntimeError
             if _status(err) == "NOT_FOUND":
                 return None
             raise
-
-    def insert(decision: Decision) -> Decision:
-        try:
-            client.key_value_set(path, json.dumps(decision.to_json(), sort_keys=True),
-                                 allow_overwrite=False)
-            return decision
-        except Exception as err:  # noqa: BLE001
-            if _status(err) != "ALREADY_EXISTS":
-                raise
-        return lookup() or decision
-
-    found = lookup()
-    if found is not None:
-        return found, Settled.ADOPTED
-    if client.key_value_increment(path + "/claim", 1) == 1:
-        mine = propose()
-        published = insert(mine)
-        return published, Settled.PROPOSED if published is mine else Settled.ADOPTED
-    try:
-        text = client.blocking_key_value_get(path, max(0, min(_MAX_TIMEOUT_MS, int(wait_seconds * 1000))))
-        return Decision.from_json(json.loads(text)), Settled.ADOPTED
-    except Exception as err:  # noqa: BLE001
-        if _status(err) != "DEADLINE_EXCEEDED":
-            raise
-    warnings.warn(f"jax_autotune: no decision from the process tuning {path} within "
-                  f"{wait_seconds:.0f} s; every process uses XLA's dot for it",
-                  ConsensusWarning, stacklevel=4)
-    mine = fallback(f"no peer decided within {wait_seconds:.0f} s")
-    published = insert(mine)
-    return published, Settled.FALLBACK if published is mine else Settled.ADOPTED
 
 
 # ---------------------------------------------------------------- one host
@@ -168,50 +201,74 @@ def _owner_gone(owner: str, expires: float) -> bool:
     return False
 
 
-def decide_on_host(store: TuneStore, namespace: str, key_string: str, checksum: str,
-                   tune: Callable[[], Decision], fallback: Callable[[str], Decision],
-                   lease_seconds: float, wait_seconds: float,
-                   usable: Callable[[dict], bool] = lambda value: True,
-                   clock=time.monotonic, sleep=time.sleep) -> tuple[Decision, Settled]:
-    """The store's decision for a key: (decision, how), how ``STORED`` when it was there,
-    ``TUNED`` when this process claimed and tuned it, ``ADOPTED`` when another process did
-    meanwhile, ``FALLBACK`` when one kept its claim past ``wait_seconds``. A stored value
-    that is not ``usable`` (an unknown winner, a damaged row) is tuned again and replaced."""
-    owner = _owner()
-    deadline, pause, waited = clock() + wait_seconds, 0.02, False
-    while True:
-        state, value = store.claim(namespace, key_string, checksum, owner, lease_seconds, _owner_gone,
-                                   keep=usable)
-        if state == Claim.DECIDED:
-            return Decision.from_json(value), Settled.ADOPTED if waited else Settled.STORED
-        if state == Claim.CLAIMED:
-            break
-        if clock() > deadline:
-            warnings.warn(f"jax_autotune: process {value} holds the tuning of a key for over "
-                          f"{wait_seconds:.0f} s; using XLA's dot for it in this process",
-                          ConsensusWarning, stacklevel=4)
-            return fallback(f"another process kept tuning this key over {wait_seconds:.0f} s"), Settled.FALLBACK
-        waited = True
-        sleep(pause * (0.5 + random.random()))
-        pause = min(pause * 2, 1.0)
-    stop = threading.Event()
+class HostAgreement:
+    """One value per key among the processes sharing ``store``: claims with leases. A stored
+    value that ``usable`` refuses (an unknown winner, a damaged row) is decided again and
+    replaced.
 
-    def renew():
-        while not stop.wait(lease_seconds / 3):
-            store.renew(namespace, key_string, checksum, owner, lease_seconds)
+        >>> agreement = HostAgreement(store, namespace, checksum, lease_seconds=15)
+    """
 
-    renewer = threading.Thread(target=renew, name="jax_autotune-lease", daemon=True)
-    renewer.start()
-    try:
-        mine = tune()
-    except BaseException:
-        store.release(namespace, key_string, checksum, owner)
-        raise
-    finally:
-        stop.set()
-        renewer.join()
-    if mine.source != Source.TUNED:  # a failed tuning is not stored: the next process tries again
-        store.release(namespace, key_string, checksum, owner)
-        return mine, Settled.TUNED
-    stored, inserted = store.put_if_absent(namespace, key_string, checksum, mine.to_json(), keep=usable)
-    return (mine, Settled.TUNED) if inserted else (Decision.from_json(stored), Settled.ADOPTED)
+    def __init__(self, store: Store, namespace: str, checksum: str, lease_seconds: float,
+                 usable: Callable[[dict], bool] = lambda value: True,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.store, self.namespace, self.checksum = store, namespace, checksum
+        self.lease_seconds, self.usable, self.clock, self.sleep = lease_seconds, usable, clock, sleep
+
+    @contextlib.contextmanager
+    def turn(self, key: str, wait_seconds: float) -> Iterator[Turn]:
+        """``STORED`` with the stored value, ``ADOPTED`` when another process stored it while
+        this one waited, ``FALLBACK`` when one kept its claim past ``wait_seconds``, or None:
+        this process holds the claim (its lease renewed until the turn ends, then released
+        unless a value was published)."""
+        turn = self._claimed(key, wait_seconds)
+        if turn.settled is not None:
+            yield turn
+            return
+        stop = threading.Event()
+
+        def renew():
+            while not stop.wait(self.lease_seconds / 3):
+                self.store.renew(self.namespace, key, self.checksum, turn.owner, self.lease_seconds)
+
+        renewer = threading.Thread(target=renew, name="jax_autotune-lease", daemon=True)
+        renewer.start()
+        try:
+            yield turn
+        finally:
+            stop.set()
+            renewer.join()
+            if not turn.published:  # a failed or unfinished decision: the next process tries again
+                self.store.release(self.namespace, key, self.checksum, turn.owner)
+
+    def publish(self, turn: Turn, value: dict, lasting: bool = True) -> tuple[dict, Settled]:
+        """Store ``value`` unless a usable one was stored meanwhile: (the stored value, how),
+        ``TUNED`` for this one, ``ADOPTED`` for another's. A value not ``lasting`` (XLA's dot
+        standing in) is not stored: ``FALLBACK`` after a timeout, else ``TUNED``."""
+        if turn.settled == Settled.FALLBACK:
+            return value, Settled.FALLBACK
+        if not lasting:
+            return value, Settled.TUNED
+        stored, inserted = self.store.put_if_absent(self.namespace, turn.key, self.checksum, value,
+                                                    keep=self.usable)
+        turn.published = True
+        return (value, Settled.TUNED) if inserted else (stored, Settled.ADOPTED)
+
+    def _claimed(self, key: str, wait_seconds: float) -> Turn:
+        owner = _owner()
+        deadline, pause, waited = self.clock() + wait_seconds, 0.02, False
+        while True:
+            state, value = self.store.claim(self.namespace, key, self.checksum, owner, self.lease_seconds,
+                                            _owner_gone, keep=self.usable)
+            if state == Claim.DECIDED:
+                return Turn(key, Settled.ADOPTED if waited else Settled.STORED, value)
+            if state == Claim.CLAIMED:
+                return Turn(key, owner=owner)
+            if self.clock() > deadline:
+                warnings.warn(f"jax_autotune: process {value} holds the tuning of a key for over "
+                              f"{wait_seconds:.0f} s; using XLA's dot for it in this process",
+                              ConsensusWarning, stacklevel=6)
+                return Turn(key, Settled.FALLBACK, why=f"another process kept tuning this key over {wait_seconds:.0f} s")
+            waited = True
+            self.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 1.0)

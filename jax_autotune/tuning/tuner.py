@@ -1,9 +1,11 @@
 """The tuner: a key's decision from memory, the store, or a fresh benchmark.
 
-``Tuner`` coordinates two parts: what is known per key (``tuning.decisions``: the memory
-table, the store, rejected entries) and the benchmark of one key (``tuning.bench``). It
-says what a miss means under each mode and who decides (``tuning.consensus``), and which
-candidate a lowering emits (``emitted``; under jax.export ranked by ``tuning.export_choice``).
+A key's decision is made here, in ``select``: ``Tuner`` asks what is known per key
+(``tuning.known``: the memory table, the store, rejected entries), says what a miss means
+under each mode, asks the other processes who decides (``tuning.consensus``, which deals
+in JSON values and calls nothing back) and benchmarks the key (``tuning.bench``). It also
+says which candidate a lowering emits (``emitted``; under jax.export ranked by
+``tuning.export_choice``).
 
 ``Tuner.select(problem, key, policy)`` looks up, in order (``policy``: the settings of the
 compile or warmup that asks, ``tuning.policy``; the tuner reads no setting itself):
@@ -49,9 +51,9 @@ from jax_autotune.problem import MatmulProblem, problem_for
 from jax_autotune.tuning import counters, export_choice, progress, reuse, xla_priming
 from jax_autotune.tuning.bench import Setup, benchmark_key, xla_round
 from jax_autotune.tuning.candidates import Candidate, CandidateSet
-from jax_autotune.tuning.consensus import Settled, current_job, decide_in_job, decide_on_host, job_key
+from jax_autotune.tuning.consensus import HostAgreement, JobAgreement, Settled, current_job
 from jax_autotune.tuning.decision import CandidateResult, Decision, Outcome, Source, log_decision
-from jax_autotune.tuning.decisions import KnownDecisions
+from jax_autotune.tuning.known import Keep, KnownDecisions, Slot
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.export_safety import allowed_targets
 from jax_autotune.tuning.plan import DEMOTED, make_plan
@@ -130,63 +132,69 @@ class Tuner:
         key = key or problem.key(policy.level)
         if policy.mode == "off":
             return self._fallback(key, problem, "mode off")
-        return _record(self.known.known_or_decided(key, lambda: self._decide(key, problem, policy)))
+        with self.known.deciding(key, policy.mode) as slot:
+            if slot.decision is None:
+                slot.decision, slot.keep = self._decide(slot, problem, policy)
+        return _record(slot.decision)
 
-    def _decide(self, key: MatmulKey, problem: MatmulProblem, policy: Policy) -> tuple[Decision, bool]:
-        """A key missing from memory: the store's decision, or one made now, once per
-        host (claims in the store) or per job (``tuning.consensus``); and whether to keep
-        it in memory (not XLA's dot standing in under cached or require: a table loaded
-        later serves the key)."""
-        mode = policy.mode
-        stored, rejected = self.known.stored(key, mode)
-        job = current_job()
+    def _decide(self, slot: Slot, problem: MatmulProblem, policy: Policy) -> tuple[Decision, Keep]:
+        """A key missing from memory: by the mode, the store's decision (``slot.stored``), or
+        one agreed once per host or per job (``tuning.consensus``): this process's stored
+        or tuned one, or another's; and what to keep of it."""
+        key, stored, mode, job = slot.key, slot.stored, policy.mode, current_job()
         if job is None and stored is not None:
             counters.bump("store_hits")
-            return stored, True
-        if stored is None and mode in ("cached", "require") and rejected:
+            return stored, Keep.MEMORY
+        if stored is None and mode in ("cached", "require") and slot.rejected:
             # the key is in the table, but its kernel cannot run here
-            return self._fallback(key, problem, f"mode {mode}: entry rejected: {rejected}"), False
+            return self._fallback(key, problem, f"mode {mode}: entry rejected: {slot.rejected}"), Keep.NOTHING
         if stored is None and mode == "require":
             raise KeyNotTunedError(_require_message(key, problem))
         if job is None and mode == "cached":
-            return self._fallback(key, problem, "mode cached: key not in the table"), False
-        fallback = functools.partial(self._fallback, key, problem)
+            return self._fallback(key, problem, "mode cached: key not in the table"), Keep.NOTHING
         if job is None:
-            decision, how = decide_on_host(
-                self.store, self.namespace, key.canonical(), self.checksum,
-                functools.partial(self._tune, key, problem, policy), fallback, self.rules.claim_lease_seconds,
-                self.rules.peer_wait(self._budget(policy)), usable=functools.partial(self.known.usable, key=key))
+            agreement = HostAgreement(self.store, self.namespace, self.checksum, self.rules.claim_lease_seconds,
+                                      usable=functools.partial(self.known.usable, key=key))
+            decision, settled = self._agreed(agreement, key, problem, stored, policy)
         else:
-            decision, how = self._decide_in_job(job, key, problem, stored, policy)
-        if how == Settled.STORED:
+            try:
+                decision, settled = self._agreed(JobAgreement(job, self.device.platform, self.checksum),
+                                                 key, problem, stored, policy)
+            except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
+                warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
+                              f"{str(err)[:200]}); XLA's dot for this key in this process",
+                              ConsensusWarning, stacklevel=4)
+                decision, settled = self._fallback(key, problem, "the job's key-value store failed"), Settled.FALLBACK
+        if settled == Settled.STORED:
             counters.bump("store_hits")
-            return decision.with_source(Source.STORE), True
-        if how == Settled.ADOPTED:
+            return decision.with_source(Source.STORE), Keep.MEMORY
+        # a job's decision tuned here or adopted is stored too, unless the store holds a usable one
+        keep = Keep.MEMORY_AND_STORE if job is not None and stored is None and decision.source == Source.TUNED \
+            else Keep.MEMORY
+        if settled == Settled.ADOPTED:
             decision = dataclasses.replace(decision, source=Source.ADOPTED, device=self.device.fingerprint)
         log_decision(decision, policy.log_decisions)
-        return decision, True
+        return decision, keep
 
-    def _decide_in_job(self, job, key: MatmulKey, problem: MatmulProblem, stored: Decision | None,
-                       policy: Policy) -> tuple[Decision, Settled]:
-        """One decision per key in a jax.distributed job: proposed by the process that
-        claims the key (its stored one, else tuned now), adopted by the others."""
-        fallback = functools.partial(self._fallback, key, problem)
-        propose = (lambda: stored) if stored is not None else (
-            (lambda: fallback("mode cached: key not in the table")) if policy.mode == "cached"
-            else functools.partial(self._tune, key, problem, policy))
-        try:
-            decision, how = decide_in_job(job, job_key(self.device.platform, self.checksum, key.canonical()),
-                                          propose, fallback, self.rules.peer_wait(self._budget(policy)))
-        except Exception as err:  # noqa: BLE001 - the job's store failed: never the user's matmul
-            warnings.warn(f"jax_autotune: the job's key-value store failed ({type(err).__name__}: "
-                          f"{str(err)[:200]}); XLA's dot for this key in this process",
-                          ConsensusWarning, stacklevel=4)
-            return fallback("the job's key-value store failed"), Settled.FALLBACK
-        if how == Settled.PROPOSED and stored is not None:
-            how = Settled.STORED
-        if stored is None and decision.source in (Source.TUNED, Source.ADOPTED):
-            self.known.keep_adopted(key, decision)
-        return decision, how
+    def _agreed(self, agreement: HostAgreement | JobAgreement, key: MatmulKey, problem: MatmulProblem, stored: Decision | None,
+                policy: Policy) -> tuple[Decision, Settled]:
+        """The decision the processes agree on: another's, or this one's (its stored
+        decision in a job, XLA's dot under ``cached`` or after the wait, else tuned now)."""
+        with agreement.turn(key.canonical(), self.rules.peer_wait(self._budget(policy))) as turn:
+            if turn.settled in (Settled.STORED, Settled.ADOPTED):
+                return Decision.from_json(turn.value), turn.settled
+            if turn.settled == Settled.FALLBACK:
+                mine = self._fallback(key, problem, turn.why)
+            elif stored is not None:
+                mine = stored
+            elif policy.mode == "cached":
+                mine = self._fallback(key, problem, "mode cached: key not in the table")
+            else:
+                mine = self._tune(key, problem, policy)
+            value, settled = agreement.publish(turn, mine.to_json(), lasting=mine.source == Source.TUNED)
+        if settled == Settled.ADOPTED:
+            return Decision.from_json(value), settled
+        return mine, Settled.STORED if settled == Settled.PROPOSED and stored is not None else settled
 
     def measure(self, problem: MatmulProblem, key: MatmulKey | None = None,
                 policy: Policy = DEFAULT_POLICY) -> Decision:

@@ -3,21 +3,26 @@
 ``KnownDecisions`` holds a device's decisions: in memory (tuned, installed or read this
 process), in the store under (canonical key, candidate-set checksum), and the keys whose
 stored or installed entry was rejected (its winner cannot run the key here). It also
-makes sure one thread decides a key while the others wait (``known_or_decided``). It runs
-no benchmark: ``Tuner`` decides what a miss means (``tuning.tuner``), ``bench`` measures.
+makes sure one thread decides a key while the others wait (``deciding``). It decides
+nothing: ``Tuner`` says what a miss means (``tuning.tuner``), ``bench`` measures.
 
     >>> known = KnownDecisions(device, candidate_set, store)
     >>> known.lookup(key)                               # memory, then the store; None on a miss
+    >>> with known.deciding(key, "tune") as slot:       # this thread's turn, or the memory's answer
+    ...     if slot.decision is None:
+    ...         slot.decision, slot.keep = decide(slot.stored, slot.rejected)
     >>> known.install_many(table_entries).installed
     120
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import enum
 import threading
 import warnings
-from typing import Callable, Iterable
+from typing import Iterable, Iterator
 
 from jax_autotune.errors import StoreWarning, TuneTableError
 from jax_autotune.key import MatmulKey
@@ -52,6 +57,30 @@ class Installed:
     installed: int
     rejected: tuple[str, ...]
     persisted: bool
+
+
+class Keep(enum.Enum):
+    """What becomes of a decision made in a ``deciding`` slot: nothing (XLA's dot standing in
+    under ``cached`` or ``require``: a table loaded later serves the key), the memory table,
+    or the memory table and the store (a job's decision: stored unless the store holds a
+    usable one)."""
+
+    NOTHING = "nothing"
+    MEMORY = "memory"
+    MEMORY_AND_STORE = "memory and store"
+
+
+@dataclasses.dataclass
+class Slot:
+    """One key's turn to be decided by this thread: ``decision`` the memory table's (a
+    hit), else None with what the store holds (``stored``, or why its entry was
+    ``rejected``) until the decider sets ``decision`` and ``keep``."""
+
+    key: MatmulKey
+    decision: Decision | None = None
+    stored: Decision | None = None
+    rejected: str = ""
+    keep: Keep = Keep.MEMORY
 
 
 def instead(mode: str | None) -> str:
@@ -140,29 +169,49 @@ class KnownDecisions:
         return list(known.values())
 
     # ---------------------------------------------------------------- deciding once
-    def known_or_decided(self, key: MatmulKey, decide: Callable[[], tuple[Decision, bool]]) -> Decision:
-        """The memory table's decision of ``key``, or ``decide()``'s: (decision, whether to
-        keep it in memory), run by one thread while others asking for the key wait."""
+    @contextlib.contextmanager
+    def deciding(self, key: MatmulKey, mode: str) -> Iterator[Slot]:
+        """The key's slot: the memory table's decision, or this thread's turn to decide it
+        (others asking for the key wait meanwhile), with the store's entry read; the
+        decision set in the slot is kept as its ``keep`` says when the block ends.
+
+            >>> with known.deciding(key, "tune") as slot:
+            ...     if slot.decision is None:
+            ...         slot.decision = tuned
+        """
         while True:
             with self._lock:
                 if key in self._memory:
                     counters.bump("memory_hits")
-                    return self._memory[key].with_source("memory")
+                    decision = self._memory[key].with_source("memory")
+                    break
                 pending = self._pending.get(key)
                 if pending is None:
                     event = self._pending[key] = threading.Event()
+                    decision = None
                     break
             pending.wait()  # another thread is deciding this key
+        if decision is not None:
+            yield Slot(key, decision)
+            return
         try:
-            decision, remember = decide()
-            if remember:
-                with self._lock:
-                    self._memory[key] = decision
-            return decision
+            slot = Slot(key, None, *self.stored(key, mode))
+            yield slot
+            self._keep(slot)
         finally:
             with self._lock:
                 self._pending.pop(key, None)
             event.set()
+
+    def _keep(self, slot: Slot) -> None:
+        if slot.decision is None or slot.keep == Keep.NOTHING:
+            return
+        with self._lock:
+            self._memory[slot.key] = slot.decision
+        if slot.keep == Keep.MEMORY_AND_STORE:
+            self.store.put_if_absent(self.namespace, slot.key.canonical(), self.checksum,
+                                     dataclasses.replace(slot.decision, device=self.device.fingerprint).to_json(),
+                                     keep=lambda data: self.usable(data, slot.key))
 
     # ---------------------------------------------------------------- writing
     def install(self, decision: Decision, persist: bool = True) -> bool:
@@ -198,13 +247,6 @@ class KnownDecisions:
             (self.namespace, d.key.canonical(), self.checksum, d.to_json()) for d in accepted)
         return Installed(len(accepted), tuple(rejected.values()), persisted)
 
-    def keep_adopted(self, key: MatmulKey, decision: Decision) -> None:
-        """Store a decision this process adopted or tuned under a job's consensus, unless
-        the store holds a usable one already."""
-        self.store.put_if_absent(self.namespace, key.canonical(), self.checksum,
-                                 dataclasses.replace(decision, device=self.device.fingerprint).to_json(),
-                                 keep=lambda data: self.usable(data, key))
-
     def use_store(self, store: TuneStore) -> None:
         """Switch to another store (the old one is closed)."""
         old, self.store = self.store, store
@@ -217,4 +259,4 @@ class KnownDecisions:
             self._rejected.clear()
 
 
-__all__ = ["KnownDecisions", "Installed", "stored_decision", "instead"]
+__all__ = ["KnownDecisions", "Installed", "Keep", "Slot", "stored_decision", "instead"]
