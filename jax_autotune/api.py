@@ -28,7 +28,7 @@ from jax import lax
 import jax_autotune.config as config
 from jax_autotune.dtypes import is_floating
 from jax_autotune.key import Level, MatmulKey
-from jax_autotune.problem import MatmulProblem, key_precision, lax_result, problem_for
+from jax_autotune.problem import MatmulProblem, key_precision, lax_result, matmul_dims, problem_for
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.primitive import bind_fused, bind_matmul
 from jax_autotune.sharding import ShardingTypeError, explicit_sharding
@@ -90,13 +90,7 @@ def _matmul(a, b, precision, preferred_element_type, out_sharding):
     vector_a, vector_b = a.ndim == 1, b.ndim == 1
     a2 = a[None, :] if vector_a else a
     b2 = b[:, None] if vector_b else b
-    (m, k), (k_b, n) = a2.shape[-2:], b2.shape[-2:]
-    if k != k_b:
-        raise TypeError(f"matmul: contracting dims differ: a {a.shape} has {k}, b {b.shape} has {k_b}")
-    try:
-        batch_shape = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
-    except ValueError as err:
-        raise ValueError(f"matmul: batch dims of a {a.shape} and b {b.shape} do not broadcast") from err
+    batch_shape, m, n, k = matmul_dims(a2.shape, b2.shape, caller="matmul", shown=(a.shape, b.shape))
     batch = math.prod(batch_shape)
     final_shape = (*batch_shape, m, n)
     if vector_a or vector_b:

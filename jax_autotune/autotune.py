@@ -67,12 +67,13 @@ import numpy as np
 from jax import lax
 from jax.extend import linear_util as lu
 from jax.extend import source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Literal, jaxpr_as_fun
 
 import jax_autotune.config as config
 from jax_autotune.api import LEFT_PLAIN, dot_general, dot_general_in_context, leaving_plain
 from jax_autotune.backward import reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
+from jax_autotune.jaxprs import map_jaxprs
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
 from jax_autotune.ragged import ragged_dot_general, ragged_dot_in_context
@@ -424,13 +425,9 @@ def _tuner_takes_precision(precision) -> bool:
 
 
 def _rewrite_param(value):
-    if isinstance(value, (Jaxpr, ClosedJaxpr)):
-        return _rewrite(value)
-    if isinstance(value, tuple):  # cond branches
-        return tuple(_rewrite_param(v) for v in value)
     if isinstance(value, lu.WrappedFun):  # custom_jvp's jvp / custom_vjp's fwd jaxpr thunk
         return _rewrite_thunk(value)
-    return value
+    return map_jaxprs(value, _rewrite)  # a body, or cond's branches
 
 
 def _rewrite_thunk(thunk):

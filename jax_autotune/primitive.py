@@ -57,7 +57,7 @@ matmul_p = Primitive("autotuned_matmul")
 fused_p = Primitive("autotuned_matmul_epilogue")
 if dispatch is not None:
     # the multi-device lowering (custom_partitioning) needs the device assignment in the
-    # lowering context, which jit fills only for primitives registered here
+    # lowering's module (JAX's ctx.module_context), which jit fills only for primitives registered here
     dispatch.prim_requires_devices_during_lowering.update((matmul_p, fused_p))
 
 # lowering calls, per platform: tests check that lowering runs once per compile

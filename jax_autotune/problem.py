@@ -314,6 +314,30 @@ def dtype_named(value: Any, argument: str = "dtype") -> str:
                         f"{', '.join(DTYPE_EXAMPLES)}") from None
 
 
+def matmul_dims(lhs_shape: tuple, rhs_shape: tuple, transpose_a: bool = False, transpose_b: bool = False,
+                caller: str = "", shown: tuple | None = None) -> tuple[tuple[int, ...], int, int, int]:
+    """(batch shape, m, n, k) of ``lhs @ rhs``, each (..., rows, cols) as stored with leading
+    batch dims that broadcast: the one check of a matmul's shapes. As ``jnp.matmul``: a
+    TypeError when the contracting dims differ, a ValueError when the batch dims do not
+    broadcast, each naming ``caller`` and the shapes (``shown``: as the user gave them).
+
+        >>> matmul_dims((2, 3, 4), (4, 5))
+        ((2,), 3, 5, 4)
+    """
+    head = f"{caller}: " if caller else ""
+    shown_lhs, shown_rhs = shown or (lhs_shape, rhs_shape)
+    m, k_lhs = (lhs_shape[-1], lhs_shape[-2]) if transpose_a else lhs_shape[-2:]
+    k_rhs, n = (rhs_shape[-1], rhs_shape[-2]) if transpose_b else rhs_shape[-2:]
+    if k_lhs != k_rhs:
+        raise TypeError(f"{head}contracting dims differ: lhs {shown_lhs} (transpose_a={transpose_a}) "
+                        f"has k={k_lhs}, rhs {shown_rhs} (transpose_b={transpose_b}) has k={k_rhs}")
+    try:
+        batch_shape = tuple(int(d) for d in np.broadcast_shapes(lhs_shape[:-2], rhs_shape[:-2]))
+    except ValueError as err:
+        raise ValueError(f"{head}batch dims of lhs {shown_lhs} and rhs {shown_rhs} do not broadcast") from err
+    return batch_shape, int(m), int(n), int(k_lhs)
+
+
 def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: bool = False,
                 precision: Any = None, preferred_element_type: Any = None) -> MatmulProblem:
     """The canonical problem of ``lhs @ rhs`` with operands given as stored.
@@ -327,20 +351,11 @@ def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: b
     if len(lhs_shape) < 2 or len(rhs_shape) < 2:
         raise ValueError(f"lhs and rhs must have at least 2 dims (..., rows, cols); got "
                          f"lhs {lhs_shape} and rhs {rhs_shape}")
-    m, k_lhs = (lhs_shape[-1], lhs_shape[-2]) if transpose_a else lhs_shape[-2:]
-    k_rhs, n = (rhs_shape[-1], rhs_shape[-2]) if transpose_b else rhs_shape[-2:]
-    if k_lhs != k_rhs:
-        raise ValueError(f"contracting dims differ: lhs {lhs_shape} (transpose_a={transpose_a}) "
-                         f"has k={k_lhs}, rhs {rhs_shape} (transpose_b={transpose_b}) has k={k_rhs}")
-    try:
-        batch_shape = np.broadcast_shapes(lhs_shape[:-2], rhs_shape[:-2])
-    except ValueError as err:
-        raise ValueError(f"batch dims of lhs {lhs_shape} and rhs {rhs_shape} do not "
-                         f"broadcast") from err
+    batch_shape, m, n, k = matmul_dims(lhs_shape, rhs_shape, transpose_a, transpose_b)
     key_level = precision_name(precision)
     out_dtype = lax_result("dot_general", lhs, rhs, precision, preferred_element_type).dtype
     return MatmulProblem(
-        batch=int(np.prod(batch_shape, dtype=np.int64)), m=int(m), n=int(n), k=int(k_lhs),
+        batch=int(np.prod(batch_shape, dtype=np.int64)), m=int(m), n=int(n), k=int(k),
         lhs_dtype=lhs_dtype.name, rhs_dtype=rhs_dtype.name, out_dtype=out_dtype.name,
         transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
         precision=key_level,

@@ -43,7 +43,7 @@ from jax_autotune.sharding import lowering_targets_many_devices
 
 ragged_p = Primitive("autotuned_ragged_dot")
 ragged_fused_p = Primitive("autotuned_ragged_dot_epilogue")
-if dispatch is not None:  # the device assignment in the lowering context (many devices: XLA's)
+if dispatch is not None:  # the device assignment in the lowering's module (many devices: XLA's)
     dispatch.prim_requires_devices_during_lowering.update((ragged_p, ragged_fused_p))
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,7 @@ import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune import program_check
 from jax_autotune.autotune import _tuner_serves, programs_traced
+from jax_autotune.jaxprs import equations
 from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
 from jax_autotune.primitive import fused_p, matmul_p
@@ -138,28 +139,6 @@ def matmul_problems(closed_jaxpr) -> list[tuple[MatmulProblem, MatmulKey]]:
     found = {(eqn.params["problem"], eqn.params["key"]): None
              for eqn in equations(jaxpr) if eqn.primitive in TUNED_PRIMITIVES}
     return list(found)
-
-
-def equations(closed_jaxpr) -> Iterable[Any]:
-    """Every equation of a (closed) jaxpr and of the jaxprs nested in its params, in order.
-
-    >>> sum(e.primitive.name == "dot_general" for e in equations(jax.make_jaxpr(f)(x)))
-    """
-    for eqn in getattr(closed_jaxpr, "jaxpr", closed_jaxpr).eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in _jaxprs_in(value):
-                yield from equations(sub)
-
-
-def _jaxprs_in(value) -> Iterable[Any]:
-    if isinstance(value, jax.extend.core.ClosedJaxpr):
-        yield value.jaxpr
-    elif isinstance(value, jax.extend.core.Jaxpr):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _jaxprs_in(item)
 
 
 def _problems_of_shapes(shapes, dtype, precision, transpose_a, transpose_b) -> list[MatmulProblem]:

@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_AUTOTUNE_COMPILATION_CACHE", "0")
 
 from jax_autotune import config  # noqa: E402
 from jax_autotune.registry import RUNTIME  # noqa: E402
-from jax_autotune.tuning.store import TuneStore  # noqa: E402
+from jax_autotune.tuning.store import store_at  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,6 +53,6 @@ def fresh_tuning(tmp_path):
 @pytest.fixture
 def store(tmp_path):
     """A store of its own for a tuner built directly in a test."""
-    s = TuneStore(tmp_path / "tuned.db")
+    s = store_at(tmp_path / "tuned.db")
     yield s
     s.close()

@@ -10,7 +10,7 @@ import jax_autotune as jat
 from jax_autotune import config, primitive
 from jax_autotune.tuning import counters
 from jax_autotune.key import Layout
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 from numerics import REFERENCE_TOLERANCES, rand_stream, rel_error
 
 

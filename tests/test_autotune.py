@@ -19,7 +19,7 @@ from jax import lax
 import jax_autotune as jat
 from jax_autotune import config, primitive
 from jax_autotune.registry import RUNTIME
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 import numerics
 
 TUNED = ("autotuned_matmul", "autotuned_matmul_epilogue")  # a dot alone, or in its context

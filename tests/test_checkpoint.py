@@ -18,7 +18,7 @@ import jax_autotune as jat  # noqa: E402
 from jax_autotune import tuners as tuner_module  # noqa: E402
 from jax_autotune.checkpoint import TUNE_TABLE_FILENAME, TuneTableRestore, TuneTableSave  # noqa: E402
 from jax_autotune.tuning.policy import Policy
-from jax_autotune.tuning.store import TuneStore  # noqa: E402
+from jax_autotune.tuning.store import store_at  # noqa: E402
 from jax_autotune.tables.install import table  # noqa: E402
 from jax_autotune.tables.table_file import TuneTableError  # noqa: E402
 import readme  # noqa: E402
@@ -48,13 +48,13 @@ def restore_step(directory, params, install=True, step=1):
 
 
 def test_params_and_tune_table_round_trip_through_one_checkpoint_step(tmp_path, monkeypatch, params):
-    tuner = tuned_tuner(TuneStore(tmp_path / "trained.db"))
+    tuner = tuned_tuner(store_at(tmp_path / "trained.db"))
     saved = table(tuners=[tuner])
     save_step(tmp_path / "ckpt", params, saved)
     item = tmp_path / "ckpt" / "1" / "tune_table"
     assert json.loads((item / TUNE_TABLE_FILENAME).read_text())["schema"] == "jax_autotune.tune_table"
 
-    serving = make_tuner(TuneStore(tmp_path / "serving.db"))  # another process: nothing known
+    serving = make_tuner(store_at(tmp_path / "serving.db"))  # another process: nothing known
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), serving)
     restored = restore_step(tmp_path / "ckpt", params)
     assert restored.tune_table == saved
@@ -65,8 +65,8 @@ def test_params_and_tune_table_round_trip_through_one_checkpoint_step(tmp_path, 
 
 
 def test_restore_without_install_returns_the_table_only(tmp_path, monkeypatch, params):
-    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
-    serving = make_tuner(TuneStore(tmp_path / "serving.db"))
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(store_at(None))]))
+    serving = make_tuner(store_at(tmp_path / "serving.db"))
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(), serving)
     restored = restore_step(tmp_path / "ckpt", params, install=False)
     assert len(restored.tune_table) == 2
@@ -74,9 +74,9 @@ def test_restore_without_install_returns_the_table_only(tmp_path, monkeypatch, p
 
 
 def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkeypatch, params):
-    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(store_at(None))]))
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(),
-                        make_tuner(TuneStore(tmp_path / "serving.db")))
+                        make_tuner(store_at(tmp_path / "serving.db")))
     path = tmp_path / "ckpt" / "1" / "tune_table" / TUNE_TABLE_FILENAME
     data = json.loads(path.read_text())
     data["schema_version"] = 99
@@ -86,9 +86,9 @@ def test_a_tampered_checkpoint_item_is_refused_naming_the_field(tmp_path, monkey
 
 
 def test_a_checkpoint_item_that_is_not_utf8_is_a_tune_table_error(tmp_path, monkeypatch, params):
-    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(store_at(None))]))
     monkeypatch.setitem(tuner_module.RUNTIME.tuners, jax.default_backend(),
-                        make_tuner(TuneStore(tmp_path / "serving.db")))
+                        make_tuner(store_at(tmp_path / "serving.db")))
     path = tmp_path / "ckpt" / "1" / "tune_table" / TUNE_TABLE_FILENAME
     path.write_bytes(path.read_bytes().replace(b"xla_dot", b"xla_d\xf6t"))
     with pytest.raises(TuneTableError, match="UnicodeDecodeError"):
@@ -96,7 +96,7 @@ def test_a_checkpoint_item_that_is_not_utf8_is_a_tune_table_error(tmp_path, monk
 
 
 def test_a_checkpoint_item_that_is_a_fifo_is_refused_at_once(tmp_path, params):
-    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(TuneStore(None))]))
+    save_step(tmp_path / "ckpt", params, table(tuners=[tuned_tuner(store_at(None))]))
     item = tmp_path / "ckpt" / "1" / "tune_table"
     (item / TUNE_TABLE_FILENAME).unlink()
     os.mkfifo(item / TUNE_TABLE_FILENAME)

@@ -20,7 +20,7 @@ from jax_autotune.epilogue import Epilogue
 from jax_autotune.tables.install import table
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
 from jax_autotune.tuning.policy import Policy
-from jax_autotune.tuning.store import DirectoryStore, TuneStore, open_store
+from jax_autotune.tuning.store import DirectoryStore, store_at, open_store
 from jax_autotune.tables.summary import key_id
 from test_store import snapshot
 from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner  # noqa: F401
@@ -349,7 +349,7 @@ def test_bad_arguments_are_usage_errors_with_one_line(capsys, argv):  # the bad 
 def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, tmp_path, command,
                                                                         backend, why):
     table_file = tmp_path / "t.json"
-    table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
+    table(tuners=[tuned_tuner(store_at(None))]).save(table_file)
     jat.config.update("store", backend)
     database = open_store(config.store_choice()).path
     database.parent.mkdir(parents=True, exist_ok=True)
@@ -367,7 +367,7 @@ def test_a_store_that_is_not_a_database_fails_with_one_line_and_exit_1(capsys, t
 def test_a_memory_only_store_cannot_be_written_and_says_so_in_one_line(capsys, tmp_path, monkeypatch,
                                                                        command, setting):
     table_file = tmp_path / "t.json"
-    table(tuners=[tuned_tuner(TuneStore(None))]).save(table_file)
+    table(tuners=[tuned_tuner(store_at(None))]).save(table_file)
     monkeypatch.setenv(*setting.split("="))
     code, out, err = run(capsys, command, *([str(table_file)] if command == "import" else ["--yes"]))
     assert code == 1 and out == ""

@@ -17,7 +17,7 @@ from jax_autotune.key import MatmulKey, Precision
 from jax_autotune.kernels.xla import lax_precision
 from jax_autotune.problem import key_precision, problem_for
 from jax_autotune.tuners import tuner_for
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 from numerics import REFERENCE_TOLERANCES, rand_stream, rel_error
 
 DIMS = (((1,), (0,)), ((), ()))

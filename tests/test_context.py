@@ -17,7 +17,7 @@ import pytest
 import jax_autotune as jat
 from jax_autotune.context import canonical_operand, dot_labels, regions
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 import numerics
 
 F32 = dict(rtol=2e-5, atol=2e-5)

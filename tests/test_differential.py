@@ -38,7 +38,7 @@ from jax import lax
 import jax_autotune as jat
 from jax_autotune import config
 from jax_autotune.primitive import fused_p, matmul_p
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 from numerics import PROGRAM_TOLERANCES, assert_matches
 
 EXAMPLES = int(os.environ.get("JAX_AUTOTUNE_DIFF_EXAMPLES", "40"))

@@ -16,7 +16,8 @@ from jax_autotune.autotune import programs_traced
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import RUNTIME, tuner_for
 from jax_autotune.tuning import programs
-from jax_autotune.warmup import equations, matmul_problems
+from jax_autotune.jaxprs import equations
+from jax_autotune.warmup import matmul_problems
 from numerics import rand
 
 

@@ -23,7 +23,7 @@ from jax_autotune import config
 from jax_autotune.tuning.namespaces import decision_namespace, throughput_namespace
 from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import (DirectoryStore, JaxAutotuneStoreWarning, MemoryStore,
-                                       SqliteStore, StoreEntry, TuneStore, open_store)
+                                       SqliteStore, Store, StoreEntry, open_store, store_at)
 
 NS = "autotune/0.1.0/0.10.2/cpu-test/matmul"
 NS2 = "autotune/0.1.0/0.10.2/gpu-test/matmul"
@@ -39,7 +39,7 @@ def clean_config():
 
 @pytest.fixture
 def store(tmp_path):
-    s = TuneStore(tmp_path / "cache" / "default.db")
+    s = store_at(tmp_path / "cache" / "default.db")
     yield s
     s.close()
 
@@ -90,12 +90,12 @@ def test_a_put_value_round_trips_through_a_fresh_store(tmp_path, backend):
     reopened.close()
 
 
-def test_tune_store_opens_sqlite_for_a_path_and_memory_for_none_and_names_every_backend(tmp_path):
-    assert type(TuneStore(tmp_path / "default.db")) is SqliteStore
-    assert type(TuneStore(None)) is MemoryStore
-    for store in (TuneStore(None), SqliteStore(tmp_path / "a.db"), DirectoryStore(tmp_path / "a.d")):
-        assert isinstance(store, TuneStore)
-    assert not isinstance(object(), TuneStore)
+def test_store_at_opens_sqlite_for_a_path_and_memory_for_none_and_every_backend_is_a_store(tmp_path):
+    assert type(store_at(tmp_path / "default.db")) is SqliteStore
+    assert type(store_at(None)) is MemoryStore
+    for store in (store_at(None), SqliteStore(tmp_path / "a.db"), DirectoryStore(tmp_path / "a.d")):
+        assert isinstance(store, Store)
+    assert not isinstance(object(), Store)
 
 
 def test_the_database_is_in_wal_mode(store):
@@ -197,7 +197,7 @@ def test_a_value_that_is_not_a_json_dict_is_rejected(backend, tmp_path):
 
 
 def test_a_memory_only_store_drops_writes(recwarn):
-    s = TuneStore(None)
+    s = store_at(None)
     s.put(NS, "k", "c", {"x": 1})
     assert s.get(NS, "k", "c") is None
     assert s.entries() == [] and s.namespaces() == [] and s.delete() == 0
@@ -236,7 +236,7 @@ def test_open_store_uses_cache_dir_and_environment(clean_config, tmp_path):
     s.put(NS, "k", "c", {"x": 1})
     s.close()
     assert (tmp_path / "dir" / "bench-1.db").is_file()
-    assert TuneStore(tmp_path / "dir" / "bench-1.db").get(NS, "k", "c") == {"x": 1}
+    assert store_at(tmp_path / "dir" / "bench-1.db").get(NS, "k", "c") == {"x": 1}
 
 
 @pytest.mark.parametrize("value, kind, path", [("sqlite", SqliteStore, "bench-1.db"),
@@ -376,7 +376,7 @@ def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
     path = tmp_path / "default.db"
     garbage = b"this is not an sqlite database\x00\xff" * 200
     path.write_bytes(garbage)
-    s = TuneStore(path)
+    s = store_at(path)
     with pytest.warns(JaxAutotuneStoreWarning) as record:
         assert s.get(NS, "k", "c") is None
         s.put(NS, "k", "c", {"x": 1})
@@ -392,13 +392,13 @@ def test_a_corrupt_file_means_memory_only_with_one_warning(tmp_path):
 @pytest.mark.parametrize("fifo", ["default.db", "default.db-wal"])
 def test_a_database_that_is_a_fifo_means_memory_only_and_never_waits(tmp_path, fifo):
     if fifo != "default.db":  # beside a real database
-        with TuneStore(tmp_path / "default.db") as real:
+        with store_at(tmp_path / "default.db") as real:
             real.put(NS, "k", "c", {"x": 1})
     os.mkfifo(tmp_path / fifo)
     code = textwrap.dedent("""
         import sys, warnings
-        from jax_autotune.tuning.store import TuneStore
-        s = TuneStore(sys.argv[1])
+        from jax_autotune.tuning.store import store_at
+        s = store_at(sys.argv[1])
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             s.put("ns", "k", "c", {"x": 1})
@@ -437,9 +437,9 @@ def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tm
     from test_table import PROBLEM_A, PROBLEM_B, make_tuner, tuned_tuner
     from jax_autotune.tables.install import table
 
-    tuned = tuned_tuner(TuneStore(tmp_path / "default.db"))
+    tuned = tuned_tuner(store_at(tmp_path / "default.db"))
     edit_row(tuned.store, tuned.namespace, PROBLEM_A.key().canonical(), where, value)
-    tuner = make_tuner(TuneStore(tmp_path / "default.db"))  # a new process
+    tuner = make_tuner(store_at(tmp_path / "default.db"))  # a new process
     with pytest.warns(JaxAutotuneStoreWarning, match="skipping a bad row") as seen:
         assert [d.key for d in tuner.known.decisions()] == [PROBLEM_B.key()]
         assert [d.key for _, d in table(tuners=[tuner]).entries()] == [PROBLEM_B.key()]
@@ -447,7 +447,7 @@ def test_a_decision_row_is_read_with_the_rules_of_a_table_entry(fresh_tuning, tm
     assert len(store_warnings(seen)) == 1
     decision = tuner.select(PROBLEM_A)  # mode tune: tuned again, and the row replaced
     assert decision.source == "tuned" and decision.winner == "fast"
-    assert make_tuner(TuneStore(tmp_path / "default.db")).select(PROBLEM_A).source == "store"
+    assert make_tuner(store_at(tmp_path / "default.db")).select(PROBLEM_A).source == "store"
 
 
 def test_values_are_stored_as_plain_json_text(store):
@@ -504,30 +504,30 @@ def test_claims_on_a_read_only_database_keep_it_readable(tmp_path, monkeypatch, 
 
 def test_put_many_is_one_transaction_a_failure_midway_leaves_no_row(tmp_path):
     path = tmp_path / "default.db"
-    with TuneStore(path) as s:
+    with store_at(path) as s:
         s.put(NS, "existing", "c", {"x": 0})
     with sqlite3.connect(path) as conn:  # the 501st insert fails, as a kill or a full disk would
         conn.execute("CREATE TRIGGER fail BEFORE INSERT ON entries WHEN NEW.key = 'k500' "
                      "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
-    s = TuneStore(path)
+    s = store_at(path)
     rows = [(NS, f"k{i}", "c", {"i": i}) for i in range(1000)]
     with pytest.warns(JaxAutotuneStoreWarning, match="disk full"):
         assert s.put_many(rows) is False
     s.close()
-    with TuneStore(path) as check:
+    with store_at(path) as check:
         assert [e.key for e in check.entries(NS)] == ["existing"]
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TRIGGER fail")
-    with TuneStore(path) as s:
+    with store_at(path) as s:
         assert s.put_many(rows) is True and len(s.entries(NS)) == 1001
 
 
 def test_check_names_why_a_store_cannot_be_used_without_warning(tmp_path, recwarn):
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not a database" * 100)
-    assert "not a database" in TuneStore(garbage).check()
-    assert "cache = 0" in TuneStore(None).check()
-    assert TuneStore(tmp_path / "missing.db").check() == ""  # nothing stored yet: empty
+    assert "not a database" in store_at(garbage).check()
+    assert "cache = 0" in store_at(None).check()
+    assert store_at(tmp_path / "missing.db").check() == ""  # nothing stored yet: empty
     (tmp_path / "default.d").write_bytes(b"a file where the folder should be")
     assert "not a folder" in DirectoryStore(tmp_path / "default.d").check()
     assert DirectoryStore(tmp_path / "missing.d").check() == ""
@@ -591,7 +591,7 @@ def served_read_only_by_nobody(backend: str, make_read_only) -> None:
 def test_a_read_only_store_serves_a_process_of_an_unprivileged_user():
     def make_read_only(cache: Path):
         database = cache / "default.db"
-        with TuneStore(database) as s:  # checkpoint the WAL: one file, as deployed
+        with store_at(database) as s:  # checkpoint the WAL: one file, as deployed
             s.entries()
         for leftover in cache.glob("default.db-*"):
             leftover.unlink()
@@ -622,14 +622,14 @@ class _FailingSecondDelete:
 
 def test_deleting_several_namespaces_is_all_or_nothing(tmp_path, monkeypatch):
     path = tmp_path / "tuned.db"
-    store = TuneStore(path)
+    store = store_at(path)
     for ns in ("autotune/a/matmul", "autotune/b/matmul", "autotune/c/matmul"):
         store.put(ns, "k", "c", {"x": 1})
     real = store._connection
     monkeypatch.setattr(store, "_connection", lambda create: _FailingSecondDelete(real(create)))
     with pytest.warns(JaxAutotuneStoreWarning, match="disk is full"):
         assert store.delete_namespaces(["autotune/a/matmul", "autotune/b/matmul"]) == 0
-    again = TuneStore(path)
+    again = store_at(path)
     assert sorted(again.namespaces()) == ["autotune/a/matmul", "autotune/b/matmul", "autotune/c/matmul"]
     assert again.delete_namespaces(["autotune/a/matmul", "autotune/b/matmul", "autotune/a/matmul"]) == 2
     assert again.namespaces() == ["autotune/c/matmul"]

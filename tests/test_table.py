@@ -23,7 +23,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.namespaces import decision_namespace
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store import store_at
 from jax_autotune.tables import table_file
 from jax_autotune.tables.install import load_table, read_table, table
 from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
@@ -58,7 +58,7 @@ def make_tuner(store, device: DeviceInfo = CPU, extra=()) -> Tuner:
 def tuned_decisions() -> tuple[Decision, ...]:
     """Real decisions of PROBLEM_A and PROBLEM_B, benchmarked once per test session (each
     benchmark compiles fresh operands: seconds on a busy machine)."""
-    tuner = make_tuner(TuneStore(None))
+    tuner = make_tuner(store_at(None))
     return tuple(tuner.select(p) for p in (PROBLEM_A, PROBLEM_B))
 
 
@@ -73,7 +73,7 @@ def tuned_tuner(store) -> Tuner:
 
 
 def fresh_tuner(tmp_path, name="fresh.db") -> Tuner:
-    return make_tuner(TuneStore(tmp_path / name))
+    return make_tuner(store_at(tmp_path / name))
 
 
 def write_json(path, data):
@@ -254,7 +254,7 @@ def test_a_winner_listed_by_the_table_but_unknown_to_this_build_is_skipped(store
 
 def test_entries_of_a_changed_candidate_set_are_skipped(store, tmp_path):
     data = table(tuners=[tuned_tuner(store)]).to_json()
-    grown = make_tuner(TuneStore(tmp_path / "grown.db"), extra=[(fake_candidate("new"), [("g", 1)])])
+    grown = make_tuner(store_at(tmp_path / "grown.db"), extra=[(fake_candidate("new"), [("g", 1)])])
     loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [grown])
     assert len(caught) == 1 and "checksum" in str(caught[0].message)
     assert len(loaded) == 0
@@ -297,7 +297,7 @@ def test_load_table_installs_into_the_memory_table_and_the_store(store, tmp_path
     decision = fresh.select(PROBLEM_A, policy=Policy(mode="require"))
     assert decision.winner == "fast" and decision.source == "memory"
     assert counters.stats()["tuned"] == 0 and counters.stats()["candidate_runs"] == 0
-    another_process = make_tuner(TuneStore(tmp_path / "fresh.db"))
+    another_process = make_tuner(store_at(tmp_path / "fresh.db"))
     assert another_process.select(PROBLEM_B, policy=Policy(mode="require")).source == "store"
 
 
@@ -369,7 +369,7 @@ def test_summary_rows_compare_the_winner_with_xla_and_the_roofline(store):
 # ---------------------------------------------------------------- hostile tables
 
 def exported_json() -> dict:
-    return table(tuners=[tuned_tuner(TuneStore(None))]).to_json()
+    return table(tuners=[tuned_tuner(store_at(None))]).to_json()
 
 
 def test_a_table_nested_100000_deep_is_a_tune_table_error():
@@ -516,7 +516,7 @@ def test_only_a_regular_file_is_read_as_a_table_and_a_fifo_is_never_waited_on(tm
 def test_a_table_entry_whose_winner_cannot_run_its_key_is_not_installed_and_named(tmp_path):
     tiny = fake_candidate("tiny_only")
     tiny = dataclasses.replace(tiny, supports=lambda device, key: key.m <= 8)
-    tuner = make_tuner(TuneStore(tmp_path / "t.db"), extra=[(tiny, [("g", 1)])])
+    tuner = make_tuner(store_at(tmp_path / "t.db"), extra=[(tiny, [("g", 1)])])
     hostile = dataclasses.replace(tuned_decisions()[0], winner="tiny_only")
     t = TuneTable({CPU.fingerprint: DeviceTable(tuner.checksum, tuner.candidate_set.names(), (hostile,))})
     with pytest.warns(TuneTableWarning, match="1 whose kernel cannot run here") as record:

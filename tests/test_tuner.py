@@ -17,7 +17,7 @@ from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.roofline import Peaks
 from jax_autotune.tuning.rules import TuningRules
-from jax_autotune.tuning.store import JaxAutotuneStoreWarning, TuneStore
+from jax_autotune.tuning.store import JaxAutotuneStoreWarning, store_at
 from jax_autotune.tuning.tuner import KeyNotTunedError, Tuner
 from jax_autotune.epilogue import Epilogue
 from jax_autotune.kernels.xla import xla_dot
@@ -168,7 +168,7 @@ def test_a_key_being_tuned_is_pending_and_a_second_thread_waits_for_it(store):
 def test_install_rejects_a_decision_whose_winner_is_unknown(store):
     tuner = make_tuner(store)
     decision = tuner.select(PROBLEM)
-    other = make_tuner(TuneStore(None))
+    other = make_tuner(store_at(None))
     assert other.known.install(decision)
     assert other.select(PROBLEM).source == "memory"
     assert not other.known.install(dataclasses.replace(decision, winner="nope"))
@@ -293,7 +293,7 @@ def test_under_cached_or_require_a_rejected_entry_runs_with_xla_dot_and_warns_on
 def test_install_rejects_a_winner_that_cannot_run_the_key_and_require_then_uses_xla_dot(store):
     tuner = make_tuner(store, with_tiny_only())
     decision = tuner.select(PROBLEM)
-    serving = make_tuner(TuneStore(None), with_tiny_only())
+    serving = make_tuner(store_at(None), with_tiny_only())
     result = serving.known.install_many([dataclasses.replace(decision, winner="tiny_only")])
     assert result.installed == 0 and "'tiny_only' cannot run key" in result.rejected[0]
     assert serving.known.lookup(PROBLEM.key()) is None
@@ -307,7 +307,7 @@ def test_install_many_writes_every_decision_in_one_transaction(store):
     decision = tuner.select(PROBLEM)
     other = dataclasses.replace(decision, key=MatmulProblem(1, 64, 8, 12, "float32", "float32",
                                                             "float32").key())
-    fresh_store = TuneStore(store.path.parent / "fresh.db")
+    fresh_store = store_at(store.path.parent / "fresh.db")
     calls = []
     original = fresh_store.put_many
     fresh_store.put_many = lambda rows: calls.append(list(rows)) or original(calls[-1])

@@ -26,7 +26,7 @@ from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTa
 from jax_autotune.registry import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision, Source
 from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
-from jax_autotune.tuning.store import TuneStore, open_store
+from jax_autotune.tuning.store import Store, open_store
 from jax_autotune.tuning.known import Installed, stored_decision
 from jax_autotune.tuning.tuner import Tuner
 
@@ -75,7 +75,7 @@ def read_table(path: str | os.PathLike, *, tuners: Iterable[Tuner] | None = None
 
 
 @contextlib.contextmanager
-def stores_in_use(tuners: Iterable[Tuner]) -> Iterator[list[TuneStore]]:
+def stores_in_use(tuners: Iterable[Tuner]) -> Iterator[list[Store]]:
     """The distinct working stores of ``tuners`` plus the configured one, once each; the
     configured one is closed afterwards when no tuner holds it.
 

@@ -1,5 +1,10 @@
 """Internal: the tuning engine, one concept per module (no public API here).
 
+Where a key is decided: ``tuner.Tuner.select``, and only there. It asks ``known`` (memory
+table, store, one thread per key), says what a miss means under the ``policy``'s mode,
+asks ``consensus`` which process decides (an agreement on JSON values that calls nothing
+back), and benchmarks the key (``bench``).
+
 key -> ``plan`` (rounds) -> ``bench`` (adaptive benchmark, with ``timing``,
 ``correctness``, ``roofline`` and ``probes``) -> ``decision`` -> ``store`` (the
 ``store_protocol`` and its backends: ``sqlite_store``, ``directory_store``, ``memory_store``),

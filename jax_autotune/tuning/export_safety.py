@@ -135,13 +135,13 @@ def _refused(fn, operands, platform: str, targets: frozenset[str]) -> frozenset[
 
 # ---------------------------------------------------------------- the opt-in
 
-# A jax user context: jax's trace, lowering and compile caches are keyed by its value, so a
+# A JAX setting of our own (jax.make_user_context): jax's trace, lowering and compile caches are keyed by its value, so a
 # function exported before (or after) the opt-in is lowered again, never served stale.
 _allowed = jax.make_user_context(default_value=frozenset())
 
 
 def allowed_targets() -> frozenset[str]:
-    """The targets an export in this context (thread) may keep beyond jax's allow-list."""
+    """The targets an export in this thread may keep beyond jax's allow-list."""
     return _allowed.value
 
 

@@ -31,11 +31,11 @@ from jax_autotune.tuning.candidates import CandidateSet
 from jax_autotune.tuning.decision import Decision
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.namespaces import decision_namespace
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store import Store
 from jax_autotune.tuning.validation import parse_entry
 
 
-def stored_decision(store: TuneStore, namespace: str, key: str, checksum: str,
+def stored_decision(store: Store, namespace: str, key: str, checksum: str,
                     value: dict) -> Decision | None:
     """A store row's value as a Decision when it meets the rules of a tune-table entry
     (``validation.parse_entry``); None, with the store's one bad-row warning, otherwise.
@@ -93,7 +93,7 @@ def instead(mode: str | None) -> str:
 class KnownDecisions:
     """One device's decisions: memory table, store, rejected keys, keys being decided."""
 
-    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, store: TuneStore):
+    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, store: Store):
         self.device, self.candidate_set, self.store = device, candidate_set, store
         self.namespace = decision_namespace(device.fingerprint)
         self.checksum = candidate_set.checksum()
@@ -247,7 +247,7 @@ class KnownDecisions:
             (self.namespace, d.key.canonical(), self.checksum, d.to_json()) for d in accepted)
         return Installed(len(accepted), tuple(rejected.values()), persisted)
 
-    def use_store(self, store: TuneStore) -> None:
+    def use_store(self, store: Store) -> None:
         """Switch to another store (the old one is closed)."""
         old, self.store = self.store, store
         old.close()

@@ -43,7 +43,7 @@ from jax_autotune.key import Precision
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.tuning.roofline import Peaks, Work
 from jax_autotune.tuning.namespaces import throughput_namespace
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store import Store
 from jax_autotune.tuning.timing import Timer, WallClockTimer, random_operands
 
 PROBE_VERSION = "probe-v1"
@@ -145,7 +145,7 @@ def forget_measurements() -> None:
 class Probes:
     """Measures and caches the peaks of one device (thread-safe, each probe once)."""
 
-    def __init__(self, device: DeviceInfo, jax_device, timer: Timer, store: TuneStore,
+    def __init__(self, device: DeviceInfo, jax_device, timer: Timer, store: Store,
                  native=None, baseline: Candidate | None = None,
                  quick: tuple[Candidate, ...] = ()):
         """``native``: the native kernel module on CPUs where it is built; ``baseline``: the

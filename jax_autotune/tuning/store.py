@@ -26,8 +26,8 @@ skipped with one warning per store, and so is a decision row that breaks a tune-
 entry's rules (``decisions.stored_decision``).
 
     >>> import pathlib, tempfile
-    >>> from jax_autotune.tuning.store import TuneStore
-    >>> store = TuneStore(pathlib.Path(tempfile.mkdtemp()) / "default.db")   # SQLite
+    >>> from jax_autotune.tuning.store import store_at
+    >>> store = store_at(pathlib.Path(tempfile.mkdtemp()) / "default.db")   # SQLite
     >>> store.put("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1", {"winner": "xla_dot"})
     True
     >>> store.get("autotune/0.1.0/0.10.2/cpu/matmul", "k1", "c1")
@@ -47,25 +47,17 @@ from jax_autotune.tuning.sqlite_store import BUSY_TIMEOUT_SECONDS, SqliteStore
 from jax_autotune.tuning.store_protocol import Store, StoreEntry
 
 __all__ = ["BUSY_TIMEOUT_SECONDS", "DirectoryStore", "JaxAutotuneStoreWarning", "MemoryStore",
-           "SqliteStore", "Store", "StoreChoice", "StoreEntry", "StoreWarning", "TuneStore",
-           "open_store", "store_location"]
+           "SqliteStore", "Store", "StoreChoice", "StoreEntry", "StoreWarning", "open_store",
+           "store_at", "store_location"]
 
 
-class TuneStore(Store):
-    """Any tune store: every backend is one (``isinstance(store, TuneStore)``). Called, it
-    opens what earlier releases did: the SQLite store at ``path``, or, for None, the
-    memory-only store.
+def store_at(path: str | os.PathLike | None) -> Store:
+    """The SQLite store at ``path``, or for None the memory-only store.
 
-        >>> TuneStore("/tmp/cache/default.db"), TuneStore(None)
+        >>> store_at("/tmp/cache/default.db"), store_at(None)
         (SqliteStore('/tmp/cache/default.db', on disk), MemoryStore(None, memory-only))
     """
-
-    def __new__(cls, path: str | os.PathLike | None) -> Store:
-        return MemoryStore() if path is None else SqliteStore(path)
-
-    @classmethod
-    def __subclasshook__(cls, other: type) -> bool:
-        return Store in other.__mro__  # not issubclass: that asks this hook again
+    return MemoryStore() if path is None else SqliteStore(path)
 
 
 def store_location(backend: str, cache_dir: str | os.PathLike, environment: str) -> Path:

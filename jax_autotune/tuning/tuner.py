@@ -60,7 +60,7 @@ from jax_autotune.tuning.plan import DEMOTED, make_plan
 from jax_autotune.tuning.policy import DEFAULT_POLICY, Policy
 from jax_autotune.tuning.probes import Probes
 from jax_autotune.tuning.rules import DEFAULT_RULES, TuningRules
-from jax_autotune.tuning.store import TuneStore
+from jax_autotune.tuning.store import Store
 from jax_autotune.tuning.timing import Timer, timer_for
 
 _recorders: list[list] = []
@@ -98,7 +98,7 @@ def _record(decision: Decision) -> Decision:
 class Tuner:
     """Decisions for one device: what is known (``known``), what a miss means, the benchmark."""
 
-    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, store: TuneStore,
+    def __init__(self, device: DeviceInfo, candidate_set: CandidateSet, *, store: Store,
                  jax_device=None, timer: Timer | None = None,
                  rules: TuningRules | None = None, clock: Callable[[], float] = time.perf_counter,
                  probes: Probes | None = None, native=None):
@@ -116,10 +116,10 @@ class Tuner:
     # ``known`` answers what is known (``lookup``, ``install``, ``decisions``, ``forget``, ...);
     # the candidates are ``candidate_set``'s (``candidate_set.by_name(winner)``)
     @property
-    def store(self) -> TuneStore:
+    def store(self) -> Store:
         return self.known.store
 
-    def use_store(self, store: TuneStore) -> None:
+    def use_store(self, store: Store) -> None:
         """Switch to another store (decisions and probes are read from and written there)."""
         self.known.use_store(store)
         self.probes.store = store

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 import jax_autotune as jat
-from jax_autotune.warmup import equations
+from jax_autotune.jaxprs import equations
 
 # ---------------------------------------------------------------------------------- sizes
 
