@@ -315,11 +315,13 @@ def dtype_named(value: Any, argument: str = "dtype") -> str:
 
 
 def matmul_dims(lhs_shape: tuple, rhs_shape: tuple, transpose_a: bool = False, transpose_b: bool = False,
-                caller: str = "", shown: tuple | None = None) -> tuple[tuple[int, ...], int, int, int]:
+                caller: str = "", shown: tuple | None = None,
+                mismatch: type[Exception] = TypeError) -> tuple[tuple[int, ...], int, int, int]:
     """(batch shape, m, n, k) of ``lhs @ rhs``, each (..., rows, cols) as stored with leading
     batch dims that broadcast: the one check of a matmul's shapes. As ``jnp.matmul``: a
-    TypeError when the contracting dims differ, a ValueError when the batch dims do not
-    broadcast, each naming ``caller`` and the shapes (``shown``: as the user gave them).
+    TypeError (``mismatch``) when the contracting dims differ, a ValueError when the batch
+    dims do not broadcast, each naming ``caller`` and the shapes (``shown``: as the user
+    gave them).
 
         >>> matmul_dims((2, 3, 4), (4, 5))
         ((2,), 3, 5, 4)
@@ -329,7 +331,7 @@ def matmul_dims(lhs_shape: tuple, rhs_shape: tuple, transpose_a: bool = False, t
     m, k_lhs = (lhs_shape[-1], lhs_shape[-2]) if transpose_a else lhs_shape[-2:]
     k_rhs, n = (rhs_shape[-1], rhs_shape[-2]) if transpose_b else rhs_shape[-2:]
     if k_lhs != k_rhs:
-        raise TypeError(f"{head}contracting dims differ: lhs {shown_lhs} (transpose_a={transpose_a}) "
+        raise mismatch(f"{head}contracting dims differ: lhs {shown_lhs} (transpose_a={transpose_a}) "
                         f"has k={k_lhs}, rhs {shown_rhs} (transpose_b={transpose_b}) has k={k_rhs}")
     try:
         batch_shape = tuple(int(d) for d in np.broadcast_shapes(lhs_shape[:-2], rhs_shape[:-2]))
@@ -351,7 +353,8 @@ def problem_for(lhs: Any, rhs: Any, *, transpose_a: bool = False, transpose_b: b
     if len(lhs_shape) < 2 or len(rhs_shape) < 2:
         raise ValueError(f"lhs and rhs must have at least 2 dims (..., rows, cols); got "
                          f"lhs {lhs_shape} and rhs {rhs_shape}")
-    batch_shape, m, n, k = matmul_dims(lhs_shape, rhs_shape, transpose_a, transpose_b)
+    # a ValueError, as key_for and warmup have always raised for a contracting mismatch
+    batch_shape, m, n, k = matmul_dims(lhs_shape, rhs_shape, transpose_a, transpose_b, mismatch=ValueError)
     key_level = precision_name(precision)
     out_dtype = lax_result("dot_general", lhs, rhs, precision, preferred_element_type).dtype
     return MatmulProblem(
