@@ -2,8 +2,8 @@
 
 Where a key is decided: ``tuner.Tuner.select``, and only there. It asks ``known`` (memory
 table, store, one thread per key), says what a miss means under the ``policy``'s mode,
-asks ``consensus`` which process decides (an agreement on JSON values that calls nothing
-back), and benchmarks the key (``bench``).
+asks ``consensus`` which process decides (an agreement on JSON values that calls no tuner
+code: it takes a predicate saying whether a stored value is usable), and benchmarks the key (``bench``).
 
 key -> ``plan`` (rounds) -> ``bench`` (adaptive benchmark, with ``timing``,
 ``correctness``, ``roofline`` and ``probes``) -> ``decision`` -> ``store`` (the

@@ -25,10 +25,11 @@ and ``publish(turn, value)`` offers this process's value, returning the one agre
 
     >>> agreement = HostAgreement(store, namespace, checksum, lease_seconds=15)
     >>> with agreement.turn(key.canonical(), wait_seconds=60) as turn:
-    ...     if turn.settled is None:                        # this process decides the key
-    ...         value, settled = agreement.publish(turn, tuned.to_json(), lasting=True)
-    ...     else:                                            # stored, adopted, or timed out
+    ...     if turn.settled in (Settled.STORED, Settled.ADOPTED):   # another's value
     ...         value, settled = turn.value, turn.settled
+    ...     else:           # ours to decide, or XLA's dot after the wait (FALLBACK): publish it
+    ...         mine = tuned if turn.settled is None else fallback
+    ...         value, settled = agreement.publish(turn, mine.to_json(), lasting=turn.settled is None)
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class KnownDecisions:
 
     # ---------------------------------------------------------------- reading
     def lookup(self, key: MatmulKey) -> Decision | None:
-        """Memory, then store; None on a miss or a rejected entry (no tuning, no counters)."""
+        """Memory, then store; None on a miss or a rejected entry (no tuning, no counters; a
+        rejected entry warns once, as in ``stored``)."""
         with self._lock:
             found = self._memory.get(key)
         return found if found is not None else self.stored(key)[0]
@@ -128,7 +129,9 @@ class KnownDecisions:
 
     def stored(self, key: MatmulKey, mode: str | None = None) -> tuple[Decision | None, str]:
         """(the stored decision, '') or (None, why an entry of this key was rejected: ''
-        for a plain miss). A rejected entry warns once per key, saying what ``mode`` does instead."""
+        for a plain miss; a key whose installed or stored entry was rejected earlier keeps
+        that reason, so ``cached`` and ``require`` run XLA's dot rather than call it
+        untuned). A rejected entry warns once per key, saying what ``mode`` does instead."""
         data = self.store.get(self.namespace, key.canonical(), self.checksum)
         decision = None if data is None else self._parsed(key.canonical(), data)
         if decision is None:  # missing, or a damaged value: a miss, re-tuned

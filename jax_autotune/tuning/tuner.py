@@ -3,16 +3,17 @@
 A key's decision is made here, in ``select``: ``Tuner`` asks what is known per key
 (``tuning.known``: the memory table, the store, rejected entries), says what a miss means
 under each mode, asks the other processes who decides (``tuning.consensus``, which deals
-in JSON values and calls nothing back) and benchmarks the key (``tuning.bench``). It also
+in JSON values and calls no tuner code but a predicate on a stored value) and benchmarks the key (``tuning.bench``). It also
 says which candidate a lowering emits (``emitted``; under jax.export ranked by
 ``tuning.export_choice``).
 
-``Tuner.select(problem, key, policy)`` looks up, in order (``policy``: the settings of the
+``Tuner.select(problem, key, policy)`` decides, in order (``policy``: the settings of the
 compile or warmup that asks, ``tuning.policy``; the tuner reads no setting itself):
 
+0. mode ``off`` -> XLA's dot, nothing read or kept (not in ``record_decisions`` either);
 1. the memory table (``memory_hits``);
 2. the persistent store, under (canonical key, candidate-set checksum) (``store_hits``);
-3. by mode: ``off`` -> XLA's dot; ``cached`` -> XLA's dot (nothing is tuned);
+3. by mode: ``cached`` -> XLA's dot (nothing is tuned);
    ``require`` -> ``KeyNotTunedError``; ``tune`` -> decided once (``tuning.consensus``):
    benchmarked now (``tuned``) by the one process that claims the key in the shared store
    or the jax.distributed job, adopted by the others; kept in memory and on disk, logged.
@@ -69,8 +70,8 @@ _recorders_lock = threading.Lock()
 
 @contextlib.contextmanager
 def record_decisions():
-    """Collect the decision of every key any tuner is asked for meanwhile, from any
-    thread (XLA's partitioner asks for per-shard keys while it compiles).
+    """Collect the decision of every key any tuner decides meanwhile (mode ``off`` decides
+    none), from any thread (XLA's partitioner asks for per-shard keys while it compiles).
 
         >>> with record_decisions() as asked:
         ...     jax.jit(step).lower(params, batch).compile()
@@ -168,7 +169,8 @@ class Tuner:
         if settled == Settled.STORED:
             counters.bump("store_hits")
             return decision.with_source(Source.STORE), Keep.MEMORY
-        # a job's decision tuned here or adopted is stored too, unless the store holds a usable one
+        # in a job, a decision tuned here (or a peer's, when its source is tuned) is stored too,
+        # unless the store holds a usable one; host agreements store theirs as they publish
         keep = Keep.MEMORY_AND_STORE if job is not None and stored is None and decision.source == Source.TUNED \
             else Keep.MEMORY
         if settled == Settled.ADOPTED:
