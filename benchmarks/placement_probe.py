@@ -60,7 +60,7 @@ def probe(model: str, size: str, param_dtype: str) -> dict:
     original = program_check.check
 
     def check(target, args, program_ids, uses, gains, tuner, measure=None, xla_won=frozenset()):
-        keys = sorted(uses, key=lambda k: (max(gains.get(k, 0.0), 0.0) * uses[k], k.canonical()))
+        keys = program_check.claimed_order(uses, gains)
         clock = program_check._WallClock(target, args, program_ids, tuner, frozenset(keys))
         seen.update(clock=clock, keys=keys, uses=uses, gains=gains, program_ids=program_ids, tuner=tuner)
         return original(target, args, program_ids, uses, gains, tuner, measure=clock, xla_won=xla_won)
@@ -81,7 +81,7 @@ def probe(model: str, size: str, param_dtype: str) -> dict:
     row["trials"] = []
     for label, left in subsets(keys, entries, gains):
         started = time.perf_counter()
-        seconds, plain = seen["clock"](left)
+        (seconds, plain), = seen["clock"](left)
         row["trials"].append({"set": label, "left_plain": len(left), "ms": seconds * 1e3,
                               "plain_ms": plain * 1e3, "speedup": plain / seconds,
                               "seconds": time.perf_counter() - started})

@@ -36,14 +36,14 @@ def keys_of(fn, *args):
 
 class Scripted:
     """Seconds by the keys left plain: tuned 1.10, plain 1.0; leaving ``costly`` plain
-    saves 0.12; counts its calls."""
+    saves 0.12, each key of ``saving`` 0.03; keeps each call's sets."""
 
-    def __init__(self, costly):
-        self.costly, self.calls = costly, []
+    def __init__(self, costly=None, saving=()):
+        self.costly, self.saving, self.calls = costly, set(saving), []
 
-    def __call__(self, left):
-        self.calls.append(left)
-        return 1.10 - 0.12 * (self.costly in left), 1.0
+    def __call__(self, *lefts):
+        self.calls.append(lefts)
+        return [(1.10 - 0.12 * (self.costly in left) - 0.03 * len(self.saving & left), 1.0) for left in lefts]
 
 
 def test_a_slower_program_leaves_the_shortest_prefix_of_keys_by_claimed_gain_plain(fresh_tuning):
@@ -56,7 +56,9 @@ def test_a_slower_program_leaves_the_shortest_prefix_of_keys_by_claimed_gain_pla
     found = program_check.check(None, (), {"p1", "p2"}, uses, gains, tuner, measure=measure)
     assert found.left_plain == tuple(keys[:3]) and found.keys == 4
     assert (found.plain_seconds, found.tuned_seconds, found.final_seconds) == (1.0, 1.10, pytest.approx(0.98))
-    assert len(measure.calls) == 3  # tuned, then a binary search over 4 keys: prefixes of 2 and 3
+    # tuned beside the minor keys (the 2 claiming 1e-6 of 12e-6) plain, then a binary
+    # search above them: the prefix of 3
+    assert measure.calls == [(frozenset(), frozenset(keys[:2])), (frozenset(keys[:3]),)]
     assert "3 of 4 keys left plain" in str(found)
     for program in ("p1", "p2"):
         assert programs.left_plain(tuner, program) == frozenset(keys[:3])
@@ -66,8 +68,40 @@ def test_a_program_no_slower_than_plain_keeps_every_key_tuned(fresh_tuning):
     tuner = tuner_for("cpu")
     keys = keys_of(jat.autotune(mlp), X, W1, W2, B)
     found = program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), {}, tuner,
-                                measure=lambda left: (1.005, 1.0))  # inside the noise margin
+                                measure=lambda *lefts: [(1.005, 1.0)] * len(lefts))  # inside the noise margin
     assert found.left_plain == () and programs.left_plain(tuner, "p") == frozenset()
+
+
+def four_keys():
+    keys = keys_of(jat.autotune(mlp), X, W1, W2, B) + keys_of(jat.autotune(mlp), X[:7], W1, W2, B)
+    assert len(set(keys)) == 4
+    return keys
+
+
+@pytest.mark.parametrize("saving, kept", [((0, 1), 2), ((), 0), ((2,), 0)])
+def test_the_minor_keys_are_tried_plain_with_the_first_compiles_and_the_faster_program_kept(
+        fresh_tuning, saving, kept):
+    """Keys claiming together at most MINOR_SHARE of the program's claims: the program with
+    them plain is timed beside tuned and plain in the first call, and kept only if faster
+    than tuned; tuned and it both no slower than plain, nothing more is compiled."""
+    tuner = tuner_for("cpu")
+    keys = four_keys()
+    uses = dict.fromkeys(keys, 2)
+    gains = {keys[0]: 0.0, keys[1]: 0.5e-6, keys[2]: 10e-6, keys[3]: 30e-6}  # minor: keys 0, 1
+    measure = Scripted(saving=[keys[i] for i in saving])
+    found = program_check.check(None, (), {"p"}, uses, gains, tuner,
+                                measure=lambda *lefts: [(s - 0.12, p) for s, p in measure(*lefts)])
+    assert measure.calls == [(frozenset(), frozenset(keys[:2]))]
+    assert found.left_plain == tuple(keys[:kept]) and programs.left_plain(tuner, "p") == frozenset(keys[:kept])
+    assert found.final_seconds == pytest.approx(0.98 - 0.03 * (2 if kept else 0))
+
+
+def test_with_no_minor_keys_only_tuned_is_timed_first(fresh_tuning):
+    keys = four_keys()
+    for gains in ({}, dict.fromkeys(keys, 1e-6)):  # none claims (every key minor); all claim alike (none)
+        measure = Scripted(costly=keys[0])
+        program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), gains, tuner_for("cpu"), measure=measure)
+        assert measure.calls[0] == (frozenset(),)
 
 
 def test_a_key_left_plain_is_laxs_dot_in_the_program_and_the_next_process_reads_it(fresh_tuning):
@@ -136,7 +170,7 @@ def test_a_program_whose_every_winner_is_xlas_dot_runs_as_written_without_a_comp
     tuner = tuner_for("cpu")
     keys = keys_of(jat.autotune(mlp), X, W1, W2, B)
 
-    def never(left):
+    def never(*lefts):
         raise AssertionError("nothing is compiled or timed")
 
     found = program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), {}, tuner, measure=never,
