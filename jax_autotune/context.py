@@ -4,9 +4,10 @@
 equations after it that consume its result and nothing else needs: elementwise ops (bias,
 residual, activation, convert, ...), shape-only ops, reductions over the dot's free rhs
 dims or over everything, and the small jitted helpers around them (``jax.nn.silu``) and
-``jax.nn.relu``. Exactly one value of the run may be read afterwards, its output; every
-other input is an *operand*, classified by how it broadcasts against the product (see
-``jax_autotune.epilogue``). The run's equations become one tuned op that owns the dot and
+``jax.nn.relu``. Exactly one value of the run may be read afterwards, its output, and the
+run does not end with a convert to a wider dtype (XLA fuses that into the value's readers;
+``_widens``); every other input is an *operand*, classified by how it broadcasts against
+the product (see ``jax_autotune.epilogue``). The run's equations become one tuned op that owns the dot and
 its epilogue (``Region``), so a kernel is chosen for the program the model runs.
 
     >>> found = regions(closed.jaxpr, {i: "bmn"[...] for i in dot_equations})
@@ -156,12 +157,14 @@ def _grow(eqns, head: int, labels: str, uses, outputs, claimed, literal_operands
             break
         values.update(produced)
         members.append((index, *mark))
-    # keep the longest run whose only value read afterwards is its last one
+    # keep the longest run whose only value read afterwards is its last one, and whose last
+    # op does not widen it (see _widens)
     inside = {head, first, *(m[0] for m in members)}
     while members:
         last = eqns[members[-1][0]].outvars[0]
         escaping = {v for v in values if v in outputs or any(u not in inside for u in uses.get(v, ()))}
-        if not isinstance(last, DropVar) and escaping <= {last} and values[last].ref != "y":
+        if (not isinstance(last, DropVar) and escaping <= {last} and values[last].ref != "y"
+                and not _widens(eqns[members[-1][0]])):
             break
         index, ops, operands, known = members.pop()
         inside.discard(index)
@@ -176,6 +179,17 @@ def _grow(eqns, head: int, labels: str, uses, outputs, claimed, literal_operands
     return Region(head, (first,) * swap + tuple(m[0] for m in members), output, epilogue,
                   tuple(u[1] for u in builder.operands), swap,
                   any(_FLOAT_LITERAL.match(a) for op in builder.ops for a in op.args))
+
+
+def _widens(eqn) -> bool:
+    """A convert to a wider dtype (bf16 -> f32). A region does not end with one: left out,
+    XLA fuses it into the ops that read the value (a loss reads bf16 logits and widens them
+    in registers); kept, the tuned kernel writes the wide value, twice the bytes, and its
+    readers read them twice over (a vocabulary head's f32 logits)."""
+    if eqn.primitive.name != "convert_element_type":
+        return False
+    (source,), (out,) = eqn.invars, eqn.outvars
+    return np.dtype(out.aval.dtype).itemsize > np.dtype(source.aval.dtype).itemsize
 
 
 def _swaps_groups(eqn, labels: str) -> bool:

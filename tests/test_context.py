@@ -127,6 +127,22 @@ def test_a_transpose_after_the_dot_is_the_dot_with_its_operands_swapped():
     assert region.swap and region.epilogue.describe() == "convert_element_type(y,bfloat16)"
 
 
+def test_a_context_does_not_end_with_a_widening_convert():
+    """The wide value is left to XLA, which fuses the convert into its readers."""
+    xb, wb, bb = (a.astype(jnp.bfloat16) for a in (X, W, B))
+
+    def loss(x, w, b):
+        logits = (x @ w + b).astype(jnp.float32)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0])
+
+    region = only_region(loss, xb, wb, bb)
+    assert region.epilogue.describe() == "add(y,row)"  # a logits head: bf16 out, f32 loss outside
+    found, _ = captured(lambda x, w: (x @ w).astype(jnp.float32), xb, wb)
+    assert not found  # a convert alone is no context
+    kept = only_region(lambda x, w: jnp.tanh((x @ w).astype(jnp.float32)).astype(jnp.bfloat16), xb, wb)
+    assert kept.epilogue.describe() == "convert_element_type(y,float32) > tanh > convert_element_type(bfloat16)"
+
+
 def test_each_equation_joins_one_context():
     found, _ = captured(lambda x, w, v: jnp.tanh((x @ w) + (x @ v)), X, W, W)
     members = [m for r in found.values() for m in r.members]
