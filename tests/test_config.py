@@ -208,6 +208,7 @@ def test_a_compile_under_a_bad_setting_warns_once_naming_it_and_runs_xla_dot(tmp
     from jax_autotune.tuning.tuner import record_decisions
     config.update("cache_dir", str(tmp_path / "cache"))
     RUNTIME.reset()
+    jax.clear_caches()  # a compile, not an executable an earlier test's jit(jat.matmul) kept
     rng = np.random.default_rng(0)
     a, b = (np.asarray(rng.standard_normal(shape), np.float32) for shape in ((24, 40), (40, 16)))
     monkeypatch.setenv(name, value)
