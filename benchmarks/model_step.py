@@ -1,7 +1,7 @@
 """Training and decode steps of five models, plain against tuned: warmup cost, first step, step time.
 
     python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama,vit,decode,moe]
-        [--variants plain,layers,autotune] [--param-dtype float32|bfloat16] [--size real|tiny]
+        [--variants plain,layers,autotune[,fused_attention,autotune_fused_attention]] [--param-dtype float32|bfloat16] [--size real|tiny]
         [--decode-batch 8..64] [--steps 10] [--timeout-s 240]
 
 * ``gpt2``: GPT-2-small in flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an
@@ -23,11 +23,15 @@ The training models take softmax cross-entropy against integer targets and AdamW
 All compute in bf16; parameters are f32, or with ``--param-dtype bfloat16`` cast to bf16
 after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks every model
 (2 layers, d 64, 4 heads, vocabulary 1003, 32 x 32 images of patch 8 -> 17 tokens, cache
-64, batch 2) to run on a CPU in minutes. Three variants of the same step:
+64, batch 2) to run on a CPU in minutes. Variants of the same step:
 * ``plain``: every Dense with ``lax.dot_general`` (flax's default);
 * ``layers``: every Dense with ``dot_general=jat.dot_general``;
 * ``autotune``: the plain model's loss (decode: decode function) through ``jat.autotune``
-  (every matmul, the attention einsums too).
+  (every matmul, the attention einsums too);
+* ``fused_attention`` (not run by default): the plain model with its attention written as
+  ``jax.nn.dot_product_attention`` (cuDNN's fused attention on a GPU; causal or unmasked
+  attention only, so decode keeps its einsums), the peer a JAX user writes by hand;
+  ``autotune_fused_attention``: that model through ``jat.autotune``.
 For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds (decode: ``jat.warmup(
 decode, params, cache, tokens, pos)``), the first step after warmup (compile only: the
 tuner must tune nothing), the median of the next steps, the first losses (decode: the mean
@@ -50,7 +54,8 @@ import time
 
 from report import child_result, write_results
 
-VARIANTS = ("plain", "layers", "autotune")
+VARIANTS = ("plain", "layers", "autotune", "fused_attention", "autotune_fused_attention")
+DEFAULT_VARIANTS = ("plain", "layers", "autotune")
 PARAM_DTYPES = ("float32", "bfloat16")
 _LLAMA = dict(layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003)
 MODELS = {  # name -> the sizes its builder takes (and its inputs': batch, seq, image, cache)
@@ -150,7 +155,7 @@ def run_variant(args) -> dict:
     case = make_case(args.model, args.variant, sizes_of(args.model, args.size, args.decode_batch),
                      args.param_dtype)
     row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
-    if args.variant != "plain":
+    if args.variant not in ("plain", "fused_attention"):  # the others tune
         row.update(timed_warmup(case))
     before = jat.stats()
     start = time.perf_counter()
@@ -173,7 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--models", default="gpt2,llama", help=f"comma-separated, of {sorted(MODELS)}")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {VARIANTS}")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--param-dtype", choices=PARAM_DTYPES, default="float32",
                         help="dtype of the parameters after init (compute is bf16 either way)")
