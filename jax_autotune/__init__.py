@@ -27,7 +27,7 @@ from jax_autotune._version import __version__
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # tuning's records: tuning/progress.py
 
 __all__ = [
-    "CandidateResult", "Decision", "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem",
+    "AttentionDecision", "AttentionKey", "CandidateResult", "Decision", "Kind", "Layout", "Level", "MatmulKey", "MatmulProblem",
     "Precision", "ProgramCheck", "Scale", "TuneTable", "WarmupReport", "__version__", "autotune",
     "config", "deserialize", "dot_general", "export", "export_allowing", "export_disabled_checks",
     "key_for", "load_table", "matmul", "native_targets", "ragged_dot", "reset_stats", "stats", "table", "warmup",

@@ -8,6 +8,8 @@ public name (``__all__`` there lists them); it imports jax and the tuner.
 
 # every name below is re-exported by jax_autotune (its __all__)
 from jax_autotune.api import dot_general, key_for, matmul
+from jax_autotune.attention_key import AttentionKey
+from jax_autotune.tuning.attention_decisions import AttentionDecision
 from jax_autotune.autotune import autotune
 from jax_autotune.key import Kind, Layout, Level, MatmulKey, Precision, Scale
 from jax_autotune.problem import MatmulProblem

@@ -205,6 +205,11 @@ def leaving_plain(keys: frozenset):
         _LEFT_PLAIN.reset(token)
 
 
+def left_plain_keys() -> frozenset:
+    """The keys ``leaving_plain`` holds now (matmul keys, and attention keys left as written)."""
+    return _LEFT_PLAIN.get()
+
+
 def _left_plain(problem: MatmulProblem, epilogue: Epilogue | None) -> bool:
     keys = _LEFT_PLAIN.get()
     if not keys:

@@ -71,7 +71,8 @@ from jax.extend.core import ClosedJaxpr, Literal, jaxpr_as_fun
 
 import jax_autotune.config as config
 from jax_autotune.api import LEFT_PLAIN, dot_general, dot_general_in_context, leaving_plain
-from jax_autotune.backward import reverse_mode, with_tuned_backward
+from jax_autotune import attention, attention_tuning
+from jax_autotune.backward import jit_or_vjp_only, reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
 from jax_autotune.jaxprs import map_jaxprs
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
@@ -137,11 +138,20 @@ class _Traced:
     flat_fn: Callable
     out_tree: Any
     out_static: tuple  # per output leaf: _TRACED, or the value fn returned (not an array)
-    source: ClosedJaxpr  # as traced, before the rewrite
+    source: ClosedJaxpr  # as traced, its attentions fused where decided, before the rewrite
     program: str  # its identity (``tuning.programs``)
+    original: ClosedJaxpr  # as traced
     left_plain: frozenset = frozenset()  # keys whose dots the rewrite left to lax
     checked_at: int = -1  # the ``programs.generation()`` left_plain was read at
     backwards: dict = dataclasses.field(default_factory=dict)
+    unfused: ClosedJaxpr | None = None  # ``original`` rewritten: for calls that run no fused attention
+
+    def as_written(self) -> ClosedJaxpr:
+        """The program with every attention as written (the rewrite of ``original``), for
+        forward-mode autodiff and vmap, which the fused kernels' custom_vjp refuses."""
+        if self.unfused is None:
+            self.unfused = self.closed if self.source is self.original else _rewrite(self.original)
+        return self.unfused
 
     def result(self, arrays):
         it = iter(arrays)
@@ -181,6 +191,8 @@ class _Traces:
         for seen in _programs_seen:
             seen.add(traced.program)
         with leaving_plain(traced.left_plain):
+            if traced.source is not traced.original and not jit_or_vjp_only(arrays):
+                return traced.result(jaxpr_as_fun(traced.as_written())(*arrays))
             linearized = reverse_mode(arrays) if config.compile_policy().context == "full" else None
             if linearized is not None:
                 if linearized not in traced.backwards:  # per signature and differentiated leaves
@@ -219,8 +231,11 @@ def _as_checked(traced: _Traced) -> _Traced:
     if left == traced.left_plain:
         return dataclasses.replace(traced, checked_at=generation)
     with leaving_plain(left):
-        closed = _rewrite(traced.source)
-    return dataclasses.replace(traced, closed=closed, left_plain=left, backwards={}, checked_at=generation)
+        source = _fused_attention(traced.original)
+        closed = _rewrite(source)
+    flat_fn = traced.flat_fn if source is traced.original else _as_function(source)
+    return dataclasses.replace(traced, closed=closed, source=source, flat_fn=flat_fn, left_plain=left,
+                               backwards={}, unfused=None, checked_at=generation)
 
 
 def _keys_left_plain(program: str) -> frozenset:
@@ -268,7 +283,29 @@ def _trace(fn, in_tree, leaves, is_array, avals) -> _Traced:
 
     closed = jax.make_jaxpr(flat_fn)(*avals)
     program = programs.identity(getattr(fn, "__qualname__", type(fn).__name__), str(closed.jaxpr))
-    return _Traced(_rewrite(closed), flat_fn, out["tree"], out["static"], closed, program)
+    source = _fused_attention(closed)
+    if source is not closed:  # differentiated as fused: the fused kernels' backward
+        flat_fn = _as_function(source)
+    return _Traced(_rewrite(source), flat_fn, out["tree"], out["static"], source, program, closed)
+
+
+def _fused_attention(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with each softmax attention fused where its decision says so
+    (``jax_autotune.attention``, ``jax_autotune.attention_tuning``); as traced otherwise,
+    and wherever finding or deciding fails (a warning: never the user's program)."""
+    try:
+        choose = attention_tuning.choice(config.compile_policy())
+        return closed if choose is None else attention.substituted(closed, choose)
+    except Exception as err:  # noqa: BLE001 - the program as traced
+        warnings.warn(f"jax_autotune: the attentions of this program could not be fused "
+                      f"({type(err).__name__}: {err}); they run as written", RuntimeWarning, stacklevel=4)
+        return closed
+
+
+def _as_function(closed: ClosedJaxpr) -> Callable:
+    """``closed`` as a function of its inputs returning the list of its outputs."""
+    run = jaxpr_as_fun(closed)
+    return lambda *arrays: list(run(*arrays))
 
 
 def _rewrite(jaxpr):

@@ -64,6 +64,24 @@ def reverse_mode(arrays) -> tuple[bool, ...] | None:
     return tuple(found) if any(found) else None
 
 
+def jit_or_vjp_only(arrays) -> bool:
+    """Whether nothing but tracing (jit, make_jaxpr) and reverse-mode linearization
+    (``jax.grad``, ``jax.vjp``) is around the call: no forward-mode autodiff, no vmap, no
+    tracer of a kind not known here. A ``custom_vjp`` (a fused attention's) serves such a
+    call; forward mode refuses one."""
+    if LinearizeTracer is None:
+        return False
+    for x in arrays:
+        while isinstance(x, jax.core.Tracer):
+            if isinstance(x, LinearizeTracer) and getattr(x._trace, "is_vjp", False):
+                x = x.primal
+            elif isinstance(x, DynamicJaxprTracer):
+                break
+            else:
+                return False
+    return True
+
+
 def with_tuned_backward(primal, flat_fn, avals: tuple, linearized: tuple, rewrite) -> Callable | None:
     """``custom_vjp`` of ``flat_fn`` (over the array leaves, whose rewritten jaxpr is
     ``primal``), differentiated with respect to the ``linearized`` leaves, its forward and
@@ -123,4 +141,4 @@ def _closes_over_tracers(closed) -> bool:
     return any(isinstance(c, jax.core.Tracer) for c in closed.consts)
 
 
-__all__ = ["reverse_mode", "with_tuned_backward"]
+__all__ = ["jit_or_vjp_only", "reverse_mode", "with_tuned_backward"]

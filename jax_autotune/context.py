@@ -31,6 +31,7 @@ from jax.extend.core import DropVar, Literal, Var
 
 from jax_autotune.dtypes import is_floating, is_integer
 from jax_autotune.epilogue import BARE as BARE_EPILOGUE
+from jax_autotune.jaxprs import readers
 from jax_autotune.epilogue import ELEMENTWISE_ARITY, MAX_OPS, REDUCTIONS, Epilogue, Op, Operand
 
 # jaxpr primitive name -> epilogue op name, for the elementwise ops taken as they are
@@ -101,11 +102,7 @@ def regions(jaxpr, heads: dict[int, str],
     read at run time, so a new hyperparameter value is the same key), except in an epilogue
     for which ``keeps_values`` (given the epilogue with its values) is true: one a kernel
     takes by those values, as cuBLASLt takes ``jax.nn.gelu``'s constants."""
-    uses: dict[Any, list[int]] = {}
-    for index, eqn in enumerate(jaxpr.eqns):
-        for atom in eqn.invars:
-            if isinstance(atom, Var):
-                uses.setdefault(atom, []).append(index)
+    uses = readers(jaxpr)
     outputs = {v for v in jaxpr.outvars if isinstance(v, Var)}
     claimed: set[int] = set()
     found = {}

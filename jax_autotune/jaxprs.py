@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 
 def map_jaxprs(value: Any, fn: Callable[[Any], Any]) -> Any:
@@ -41,3 +41,18 @@ def equations(jaxpr: Jaxpr | ClosedJaxpr) -> Iterator[Any]:
             map_jaxprs(value, nested.append)
         for sub in nested:
             yield from equations(sub)
+
+
+def readers(jaxpr: Jaxpr) -> dict[Any, list[int]]:
+    """{var: the indices of the equations of ``jaxpr`` that read it} (its own equations).
+
+        >>> jaxpr = jax.make_jaxpr(lambda x: jnp.sin(x) + x)(1.0).jaxpr
+        >>> readers(jaxpr)[jaxpr.invars[0]]      # sin and add read x
+        [0, 1]
+    """
+    found: dict[Any, list[int]] = {}
+    for index, eqn in enumerate(jaxpr.eqns):
+        for atom in eqn.invars:
+            if isinstance(atom, Var):
+                found.setdefault(atom, []).append(index)
+    return found

@@ -156,7 +156,7 @@ def stored(program_ids: set[str], tuner, keys: int) -> ProgramCheck | None:
     if not records or any(r is None for r in records):
         return None
     first = records[0]
-    left = tuple(sorted(set().union(*(r.keys() for r in records)), key=MatmulKey.canonical))
+    left = tuple(sorted(set().union(*(r.keys() for r in records)), key=lambda k: k.canonical()))
     return ProgramCheck(first.plain_seconds, first.tuned_seconds, first.final_seconds, keys, left,
                         source="stored" if first.plain_seconds else "xla")
 

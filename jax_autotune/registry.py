@@ -42,7 +42,7 @@ from jax_autotune.kernels.xla import XLA_DOT
 from jax_autotune.tuning import compile_cache
 from jax_autotune.tuning.candidates import CandidateSet, CandidateSetBuilder
 from jax_autotune.tuning.device import DeviceInfo, device_info
-from jax_autotune.tuning import counters, programs
+from jax_autotune.tuning import attention_decisions, counters, programs
 from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.store import StoreChoice, open_store
 from jax_autotune.tuning.tuner import Tuner
@@ -211,8 +211,8 @@ class Runtime:
         return dense + [self.ragged_tuner_for(platform) for platform in grouped]
 
     def reset(self) -> None:
-        """Forget every tuner (memory tables, store handles), the program records and the
-        counters; the next use rebuilds. A changed ``cache``, ``cache_dir``,
+        """Forget every tuner (memory tables, store handles), the program records, the
+        attention decisions and the counters; the next use rebuilds. A changed ``cache``, ``cache_dir``,
         ``environment`` or ``store`` needs no reset (``tuner_for`` switches stores)."""
         with self._lock:
             for tuner in self.tuners.values():
@@ -222,6 +222,7 @@ class Runtime:
             self._stores.clear()
             self._compile_settings = None
         programs.forget()
+        attention_decisions.forget()
         counters.reset_stats()
 
     def _follow_compilation_cache_setting(self) -> None:

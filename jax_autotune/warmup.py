@@ -24,9 +24,11 @@ same ``jat.autotune(fn)`` to warmup and to ``jax.jit``:
     >>> jat.warmup(step, params, batch, grad=True)
     >>> jax.jit(step)(params, batch)                 # tunes nothing now
 
-For a ``jat.autotune`` function, warmup ends by timing the whole program tuned against
-plain and leaving the keys that make it slower to lax in it (``program_check``;
-``report.program``; ``compare=False`` skips it).
+For a ``jat.autotune`` function, its trace also decides each softmax attention it finds
+(fused or as written, ``jax_autotune.attention_tuning``; ``report.attention``), and warmup
+ends by timing the whole program tuned against plain and leaving the keys that make it
+slower to lax (or as written) in it (``program_check``; ``report.program``; ``compare=False``
+skips it).
 
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
@@ -52,7 +54,9 @@ from jax_autotune.tuning.decision import Decision, Source
 import jax_autotune.config as config
 from jax_autotune.key import MatmulKey
 from jax_autotune import program_check
+from jax_autotune.attention_tuning import decisions_seen
 from jax_autotune.autotune import _tuner_serves, programs_traced
+from jax_autotune.tuning.attention_decisions import AttentionDecision
 from jax_autotune.jaxprs import equations
 from jax_autotune.program_check import ProgramCheck
 from jax_autotune.problem import MatmulProblem, dtype_named, problem_for
@@ -99,6 +103,7 @@ class WarmupEntry:
 class WarmupReport:
     entries: tuple[WarmupEntry, ...]
     program: ProgramCheck | None = None  # warmup(jat.autotune(fn), ...): the program tuned vs plain
+    attention: tuple[AttentionDecision, ...] = ()  # jat.autotune(fn)'s attentions, one per key
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -125,6 +130,9 @@ class WarmupReport:
         lines = aligned(cells, right={2, 3})
         if not self.entries:
             lines.append("(no tuned matmul: nothing to tune)")
+        for decision in self.attention:
+            times = ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in decision.seconds.items())
+            lines.append(f"{decision.key.describe()}: {decision.winner} ({times or 'not timed'}) [{decision.source}]")
         if self.program is not None:
             lines.append(str(self.program))
         return "\n".join(lines)
@@ -204,7 +212,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             if not report.entries:
                 _warn_untuned([jax.make_jaxpr(fn)(*example_args) for fn in fns])
             return report
-        with programs_traced() as program_ids:
+        with programs_traced() as program_ids, decisions_seen() as attentions:
             jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
         work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
         if not work:
@@ -217,10 +225,11 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
     entries = _tuned(work, tuner, progress, policy)
+    attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
-        program = _compared(fns[0], example_args, jaxprs, entries, program_ids, tuner, policy)
-        return WarmupReport(tuple(entries), program)
-    return WarmupReport(tuple(entries))
+        program = _compared(fns[0], example_args, jaxprs, entries, attentions, program_ids, tuner, policy)
+        return WarmupReport(tuple(entries), program, attention)
+    return WarmupReport(tuple(entries), attention=attention)
 
 
 def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy) -> list[WarmupEntry]:
@@ -250,21 +259,28 @@ def _tuner_of(key: MatmulKey, tuner):
     return ragged_tuner_for(tuner.device.platform) if key.groups else tuner
 
 
-def _compared(target, args, jaxprs, entries, program_ids, tuner, policy: Policy) -> ProgramCheck | None:
+def _compared(target, args, jaxprs, entries, attentions, program_ids, tuner,
+              policy: Policy) -> ProgramCheck | None:
     """The program tuned against plain (``program_check``); an earlier check's result when
-    nothing was tuned now; None under a mode that tunes nothing."""
+    nothing was tuned now; None under a mode that tunes nothing. Its keys: the tuned
+    matmuls' and the fused attentions' (``attentions``: the decisions the trace used, one
+    per attention; left plain, an attention runs as written)."""
     if not policy.tunes:
         return None
-    uses: dict[MatmulKey, int] = {}
+    uses: dict = {}
     for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):
         if eqn.primitive in TUNED_PRIMITIVES:
             uses[eqn.params["key"]] = uses.get(eqn.params["key"], 0) + 1
-    if not any(e.source == Source.TUNED for e in entries):
+    fused = [d for d in attentions if d.fused]
+    for decision in fused:
+        uses[decision.key] = uses.get(decision.key, 0) + 1
+    if not any(e.source == Source.TUNED for e in entries) and not any(d.source == "tuned" for d in fused):
         earlier = program_check.stored(program_ids, tuner, len(uses))
         if earlier is not None:
             return earlier
     gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
              if e.xla_seconds is not None and e.winner_seconds is not None}
+    gains.update({d.key: d.gain_seconds for d in fused})
     xla_won = frozenset(e.key for e in entries if e.winner in (XLA_DOT_NAME, XLA_RAGGED_NAME))
     return program_check.check(target, args, program_ids, uses, gains, tuner, xla_won=xla_won)
 

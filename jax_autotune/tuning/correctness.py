@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -67,6 +68,29 @@ def tolerance(problem: MatmulProblem, platform: str = "gpu") -> float:
     by_input = max(_INPUT_TOLERANCE.get(_REAL_PART.get(d, d), {}).get(precision, _DEFAULT_FLOAT_TOLERANCE)
                    for d in (problem.lhs_dtype, problem.rhs_dtype))
     return max(by_input, by_output)
+
+
+def input_tolerance(dtype: str, platform: str = "gpu") -> float:
+    """The norm-wise tolerance of a float computation on ``dtype`` inputs at the default
+    precision (f32 may run as TF32 on GPUs), as ``tolerance`` gives a matmul's.
+
+        >>> input_tolerance("bfloat16")
+        0.03
+    """
+    precision = Precision.HIGHEST if platform == "cpu" else Precision.DEFAULT
+    return _INPUT_TOLERANCE.get(_REAL_PART.get(dtype, dtype), {}).get(precision, _DEFAULT_FLOAT_TOLERANCE)
+
+
+def relative_error(out, ref) -> float:
+    """``||out - ref|| / ||ref||`` in float64 on the host; inf where ``out`` is not finite.
+
+        >>> relative_error(np.ones(4), np.ones(4))
+        0.0
+    """
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        return math.inf
+    return _relative(float(np.linalg.norm((out - ref).ravel())), float(np.linalg.norm(ref.ravel())))
 
 
 def _integer(problem: MatmulProblem) -> bool:

@@ -3,7 +3,8 @@
 Decisions live under ``autotune/<jax_autotune version>/<jax version>/<device
 fingerprint>/matmul``, probe results under ``throughput/<jax_autotune version>/<device
 fingerprint>`` (jax-independent), whole-program checks under ``programs/<jax_autotune
-version>/<jax version>/<device fingerprint>``.
+version>/<jax version>/<device fingerprint>``, attention decisions under ``attention/...``
+likewise.
 
     >>> decision_namespace("cpu-AMD-EPYC-x2-mem0")                  # doctest: +SKIP
     'autotune/0.1.0/0.10.2/cpu-AMD-EPYC-x2-mem0/matmul'
@@ -29,6 +30,7 @@ def _check_fingerprint(device_fingerprint: str) -> str:
 DECISIONS = "autotune"
 THROUGHPUT = "throughput"
 PROGRAMS = "programs"
+ATTENTION = "attention"
 _TUNER_NAME = "matmul"
 
 
@@ -86,3 +88,13 @@ def program_namespace(device_fingerprint: str) -> str:
         'programs/0.1.0/0.11.2/cuda-NVIDIA_H200-139GiB'
     """
     return f"{PROGRAMS}/{__version__}/{jax.__version__}/{_check_fingerprint(device_fingerprint)}"
+
+
+def attention_namespace(device_fingerprint: str) -> str:
+    """The namespace of attention decisions (``tuning.attention_decisions``): per package,
+    jax and device.
+
+        >>> attention_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
+        'attention/0.1.0/0.11.2/cuda-NVIDIA_H200-139GiB'
+    """
+    return f"{ATTENTION}/{__version__}/{jax.__version__}/{_check_fingerprint(device_fingerprint)}"

@@ -2,7 +2,8 @@
 
 ``warmup`` compares a ``jat.autotune`` program with the same program plain
 (``jax_autotune.program_check``); where tuned was slower, the keys it found to cost it are
-*left plain* in that program: its dots of those keys stay lax's, as the user wrote them.
+*left plain* in that program: its dots of those keys stay lax's, as the user wrote them
+(and its attentions of those attention keys as written: ``jax_autotune.attention``).
 The result is kept here, in memory and in the tune store (namespace
 ``programs/<version>/<jax version>/<device>``, keyed by the program's identity, under the
 candidate set's checksum), so the next process traces the program the same way.
@@ -24,6 +25,7 @@ import hashlib
 import threading
 from typing import Any
 
+from jax_autotune.attention_key import AttentionKey, is_attention_key
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning.namespaces import program_namespace
 
@@ -55,11 +57,12 @@ class ProgramRecord:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def keys(self) -> frozenset[MatmulKey]:
+    def keys(self) -> frozenset[MatmulKey | AttentionKey]:
+        """The keys left plain: matmul keys, and attention keys left as written."""
         found = set()
         for text in self.left_plain:
             try:
-                found.add(MatmulKey.parse(text))
+                found.add(AttentionKey.parse(text) if is_attention_key(text) else MatmulKey.parse(text))
             except (TypeError, ValueError):  # a key this build cannot read: not left plain
                 continue
         return frozenset(found)
@@ -93,8 +96,8 @@ def record(tuner, program: str) -> ProgramRecord | None:
         return _memory[where]
 
 
-def left_plain(tuner, program: str) -> frozenset[MatmulKey]:
-    """The keys ``program`` runs with lax's dot (none when it was never checked)."""
+def left_plain(tuner, program: str) -> frozenset:
+    """The keys ``program`` runs with lax's dot or as written (none when it was never checked)."""
     found = record(tuner, program)
     return found.keys() if found is not None else frozenset()
 

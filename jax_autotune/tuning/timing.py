@@ -267,6 +267,30 @@ def _noop_program():
     return compile_lowered(jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((1,), jnp.float32)))
 
 
+def program_seconds(timer: Timer, compiled, args: tuple, runs: int = 10) -> float:
+    """Median seconds of ``compiled(*args)`` (after a warm-up run) by ``timer``'s clock:
+    the kernels' device time under CUPTI where ``timer`` is a ``DeviceTimer`` (the device
+    held alone), else the wall clock around each run, waited for. For a whole program a
+    tuning compares as it stands (``jax_autotune.attention_tuning``), not a candidate.
+
+        >>> program_seconds(tuner.timer, jax.jit(f).lower(x).compile(), (x,))
+    """
+    _block(compiled(*args))
+    if isinstance(timer, DeviceTimer):
+        with DEVICE_LOCK.exclusive():
+            _, milliseconds = timer._measure(compiled, iterations=runs)(*args)
+        if isinstance(milliseconds, (list, tuple)) and all(ms is not None for ms in milliseconds):
+            return float(np.median(milliseconds)) * 1e-3
+        if isinstance(milliseconds, (int, float)):
+            return float(milliseconds) * 1e-3
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        _block(compiled(*args))
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
 def timer_for(platform: str) -> Timer:
     """The best timer for ``platform``: CUPTI device time on GPU, else the wall clock."""
     if platform in ("gpu", "cuda", "rocm"):

@@ -1,0 +1,498 @@
+"""Softmax attention in a traced program, and the same attention fused.
+
+A model writes attention as two matmuls around a softmax (GPT-2, Llama, ViT, flax's
+``MultiHeadDotProductAttention``)::
+
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
+    weights = jax.nn.softmax(jnp.where(causal_mask, scores, -1e9).astype(jnp.float32))
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(q.dtype), v)
+
+XLA runs that as written: the (batch, heads, t, s) scores and weights go through memory
+several times, forward and backward. ``jax.nn.dot_product_attention`` computes the same
+function fused (cuDNN's flash attention on a GPU), never writing them. ``find(jaxpr)``
+recognizes the pattern: the scores' dot, then only scalings by constants, converts, a
+constant mask (``where`` or ``select_n`` with a very negative fill, or an added bias of 0
+and very negative entries), the softmax (as ``jax.nn.softmax`` traces: max, subtract, exp,
+sum, divide, inline or in a ``custom_jvp`` or ``jit``), converts, and the weights' dot
+with v, perhaps a transpose after it; each value read by nothing else. The mask must be
+none or causal (the lower triangle: query i sees keys 0..i). ``substituted(closed,
+choose)`` traces the program again with each attention whose key ``choose`` gives an
+implementation computed by ``fused``; everything else as traced, jaxprs nested in jit,
+scan, cond, while and remat bodies included (custom_jvp/vjp bodies are left as they are:
+their rules would no longer match).
+
+    >>> matches = find(jax.make_jaxpr(loss)(params, batch).jaxpr)
+    >>> matches[0].key.describe()
+    'attention 8x12x1024x1024x64 bfloat16 causal'
+    >>> fused_source = substituted(closed, lambda match: "cudnn")
+
+What runs where is decided per key by measurement (``jax_autotune.tuning.attention_decisions``;
+``choice`` builds ``choose`` from the settings); ``jat.autotune`` applies it before it
+differentiates, so the backward pass is the fused kernel's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
+
+from jax_autotune.attention_key import AttentionKey
+from jax_autotune.dtypes import is_floating
+from jax_autotune.jaxprs import map_jaxprs, readers
+
+VERY_NEGATIVE = -1e4  # a mask's fill (or bias) at or below this hides the entry: exp() of it is 0
+_CONST_MAX_ELEMENTS = 1 << 24  # constants evaluated while matching (a mask) stay below this
+_FLATTENED = frozenset({"jit", "pjit", "custom_jvp_call", "closed_call"})  # bodies read inline
+# nested jaxprs an attention may sit in, rewritten in turn (custom_jvp/vjp bodies are not)
+_BODIES = {"jit": ("jaxpr",), "pjit": ("jaxpr",), "scan": ("jaxpr",), "while": ("body_jaxpr",),
+           "cond": ("branches",), "remat2": ("jaxpr",), "checkpoint": ("jaxpr",),
+           "closed_call": ("call_jaxpr",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """One attention in a jaxpr: its equations (``members``, by index), its q, k and v
+    (the atoms the scores' and the output's dots read) with the permutation of each to
+    (batch, sequence, heads, head_dim), the scale, and its output (``output``, whose dims
+    are ``out_perm`` of the fused (batch, t, heads, head_dim) result)."""
+
+    members: tuple[int, ...]
+    q: Any
+    k: Any
+    v: Any
+    perms: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    out_perm: tuple[int, ...]
+    output: Var
+    scale: float
+    key: AttentionKey
+    equations: tuple = ()  # the members' equations, in order
+    constants: tuple = ()  # (atom, value) of every other value they read (a mask, a fill)
+
+    @property
+    def last(self) -> int:
+        return self.members[-1]
+
+    def written(self, q, k, v):
+        """The attention as the program wrote it: its equations, bound on ``q, k, v``."""
+        env = dict(self.constants)
+        env.update({self.q: q, self.k: k, self.v: v})
+
+        def read(atom):
+            return atom.val if isinstance(atom, Literal) else env[atom]
+
+        for eqn in self.equations:
+            out = eqn.primitive.bind(*(read(a) for a in eqn.invars), **eqn.primitive.get_bind_params(eqn.params))
+            env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+        return env[self.output]
+
+
+class _NoMatch(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- what a value is, as the walk sees it
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Scores:
+    """``scale * (q . k)`` with the entries where ``keep`` is false hidden (None: none)."""
+
+    scale: float
+    keep: Any  # a bool array broadcast against (B, N, T, S), or None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Part:
+    """A piece of the softmax of the scores: "max" (row max), "shifted" (scores - max),
+    "exp", "sum" (row sum of exp), "probs" (exp / sum)."""
+
+    stage: str
+    scores: _Scores
+
+
+@dataclasses.dataclass(frozen=True)
+class _Const:
+    value: np.ndarray
+
+
+def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
+    """Every attention of ``jaxpr``'s own equations (not of nested jaxprs), in order; each
+    equation joins at most one. ``consts``: the values of its constvars (a closed jaxpr's)."""
+    uses = readers(jaxpr)
+    outputs = {v for v in jaxpr.outvars if isinstance(v, Var)}
+    consts = _Constants(jaxpr, consts)
+    found, claimed = [], set()
+    for index, eqn in enumerate(jaxpr.eqns):
+        if eqn.primitive.name != "dot_general" or index in claimed:
+            continue
+        try:
+            match = _match(jaxpr.eqns, index, uses, outputs, consts)
+        except _NoMatch:
+            continue
+        if not claimed.intersection(match.members):
+            claimed.update(match.members)
+            found.append(match)
+    return found
+
+
+def _scores_dims(eqn):
+    """(batch dims, free dim, contracting dim) of the scores' dot's lhs and rhs, or raise."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval for v in eqn.invars)
+    if len(lc) != 1 or len(rc) != 1 or len(lb) != 2 or len(rb) != 2 or lhs.ndim != 4 or rhs.ndim != 4:
+        raise _NoMatch("not a (batch, heads) batched product over one contracting dim")
+    if lhs.dtype != rhs.dtype or not is_floating(lhs.dtype) or not _default_precision(eqn.params.get("precision")):
+        raise _NoMatch("operands of two dtypes, not floating, or a precision asked for")
+    free_l = ({0, 1, 2, 3} - set(lb) - set(lc)).pop()
+    free_r = ({0, 1, 2, 3} - set(rb) - set(rc)).pop()
+    return (tuple(lb), free_l, lc[0]), (tuple(rb), free_r, rc[0])
+
+
+def _default_precision(precision) -> bool:
+    """None or DEFAULT on both sides: what a fused kernel computes (an asked-for precision
+    or algorithm is a contract only XLA's dot keeps)."""
+    return precision is None or (isinstance(precision, tuple)
+                                 and all(p is None or p == jax.lax.Precision.DEFAULT for p in precision))
+
+
+def _match(eqns, head: int, uses, outputs, consts) -> Match:
+    d1 = eqns[head]
+    (lb, lfree, lc), (rb, rfree, rc) = _scores_dims(d1)
+    q, k = d1.invars
+    batch, heads, t, s = d1.outvars[0].aval.shape
+    head_dim = q.aval.shape[lc]
+    kinds: dict[Any, Any] = {d1.outvars[0]: _Scores(1.0, None)}
+    members = [head]
+    for index in range(head + 1, len(eqns)):
+        eqn = eqns[index]
+        tracked = [a for a in eqn.invars if isinstance(a, Var) and a in kinds]
+        if not tracked:
+            continue
+        if eqn.primitive.name == "dot_general":
+            d2 = _output_dot(eqn, kinds, (batch, heads, t, s))
+            if d2 is None:
+                raise _NoMatch("the scores meet another product")
+            v, v_perm, out_perm, scores = d2
+            members.append(index)
+            out = eqn.outvars[0]
+            readers = uses.get(out, [])
+            if len(readers) == 1 and out not in outputs and eqns[readers[0]].primitive.name == "transpose":
+                transpose = eqns[readers[0]]
+                perm = tuple(transpose.params["permutation"])
+                members.append(readers[0])
+                out, out_perm = transpose.outvars[0], tuple(out_perm[p] for p in perm)
+            _check_closed(members, kinds, uses, outputs, out, eqns)
+            causal = _causal(scores.keep, (batch, heads, t, s))
+            key = AttentionKey(batch=batch, heads=heads, t=t, s=s, head_dim=head_dim,
+                               dtype=np.dtype(q.aval.dtype).name, causal=causal)
+            perms = ((lb[0], lfree, lb[1], lc), (rb[0], rfree, rb[1], rc), v_perm)
+            equations = tuple(eqns[i] for i in members)
+            read = {a for e in equations for a in e.invars if isinstance(a, Var)} - set(kinds) - \
+                {o for e in equations for o in e.outvars} - {q, k, v}
+            constants = tuple((a, consts.value(a).value) for a in read)
+            return Match(tuple(members), q, k, v, perms, out_perm, out, scores.scale, key, equations, constants)
+        result = _step(eqn, kinds, consts)
+        members.append(index)
+        kinds[eqn.outvars[0]] = result
+    raise _NoMatch("no product with v after the softmax")
+
+
+def _check_closed(members, kinds, uses, outputs, out, eqns) -> None:
+    """Nothing outside the members reads a value of the attention but its output."""
+    inside = set(members)
+    for var in kinds:
+        if var is out:
+            continue
+        if var in outputs or any(u not in inside for u in uses.get(var, ())):
+            raise _NoMatch("a value of the attention is read elsewhere")
+    for index in members[:-1]:
+        for var in eqns[index].outvars:
+            if var is not out and var in outputs:
+                raise _NoMatch("a value of the attention is an output")
+
+
+def _output_dot(eqn, kinds, shape):
+    """(v, v's permutation to (batch, s, heads, head_dim), the permutation of the fused
+    result to this dot's output, the scores) where ``eqn`` is probs . v (either order)."""
+    batch, heads, t, s = shape
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars
+    probs_left = isinstance(lhs, Var) and isinstance(kinds.get(lhs), _Part) and kinds[lhs].stage == "probs"
+    probs_right = isinstance(rhs, Var) and isinstance(kinds.get(rhs), _Part) and kinds[rhs].stage == "probs"
+    if probs_left == probs_right:
+        return None
+    p_dims, v_dims = ((lc, lb), (rc, rb)) if probs_left else ((rc, rb), (lc, lb))
+    v = rhs if probs_left else lhs
+    (pc, pb), (vc, vb) = p_dims, v_dims
+    if tuple(pc) != (3,) or tuple(pb) != (0, 1) or len(vc) != 1 or len(vb) != 2 or v.aval.ndim != 4:
+        return None
+    if not isinstance(v, (Var, Literal)) or v.aval.dtype != eqn.invars[0].aval.dtype or \
+            eqn.invars[0].aval.dtype != eqn.invars[1].aval.dtype:
+        return None
+    v_free = ({0, 1, 2, 3} - set(vb) - set(vc)).pop()
+    v_perm = (vb[0], vc[0], vb[1], v_free)
+    if tuple(v.aval.shape[d] for d in v_perm[:3]) != (batch, s, heads):
+        return None
+    # the dot's output: batch dims (B, N), then lhs free, then rhs free; from (B, T, N, D)
+    out_perm = (0, 2, 1, 3) if probs_left else (0, 2, 3, 1)
+    scores = kinds[lhs if probs_left else rhs].scores
+    return v, v_perm, out_perm, scores
+
+
+def _step(eqn, kinds, consts):
+    """What ``eqn`` makes of the attention's values it reads; raise where it is not a step
+    of the pattern."""
+    name = eqn.primitive.name
+    if name in _FLATTENED:
+        return _flattened(eqn, kinds, consts)
+    args = [kinds.get(a) if isinstance(a, Var) and a in kinds else consts.value(a) for a in eqn.invars]
+    if any(a is None for a in args):
+        raise _NoMatch(f"{name} reads a value that is not constant")
+    return _transition(name, eqn.params, args, tuple(eqn.outvars[0].aval.shape))
+
+
+def _flattened(eqn, kinds, consts):
+    """A jit, closed_call or custom_jvp body read inline (``jnp.where``, ``jax.nn.softmax``)."""
+    param = "call_jaxpr" if eqn.primitive.name in ("custom_jvp_call", "closed_call") else "jaxpr"
+    closed = eqn.params[param]
+    body = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    if len(body.outvars) != 1 or body.effects:
+        raise _NoMatch("a nested body with several results or effects")
+    inner: dict[Any, Any] = {}
+    for var, atom in zip(body.invars, eqn.invars):
+        if isinstance(atom, Var) and atom in kinds:
+            inner[var] = kinds[atom]
+        else:
+            value = consts.value(atom)
+            if value is None:
+                raise _NoMatch("a nested body reads a value that is not constant")
+            inner[var] = value
+    for var, value in zip(body.constvars, getattr(closed, "consts", ())):
+        inner[var] = _Const(np.asarray(value))
+    for sub in body.eqns:
+        args = []
+        for a in sub.invars:
+            if isinstance(a, Literal):
+                args.append(_Const(np.asarray(a.val)))
+            elif a in inner:
+                args.append(inner[a])
+            else:
+                raise _NoMatch("a nested body reads an unknown value")
+        if all(isinstance(a, _Const) for a in args):
+            inner[sub.outvars[0]] = consts.evaluate(sub, [a.value for a in args])
+        elif sub.primitive.name in _FLATTENED:
+            raise _NoMatch("a body nested twice")
+        else:
+            inner[sub.outvars[0]] = _transition(sub.primitive.name, sub.params, args,
+                                                tuple(sub.outvars[0].aval.shape))
+    out = body.outvars[0]
+    result = inner.get(out) if isinstance(out, Var) else None
+    if result is None or isinstance(result, _Const):
+        raise _NoMatch("a nested body that does not carry the attention")
+    return result
+
+
+def _transition(name: str, params, args, out_shape):
+    """The pattern's one step: ``name`` applied to ``args`` (kinds and constants)."""
+    kinds = [a for a in args if not isinstance(a, _Const)]
+    if name in ("mul", "div") and len(args) == 2 and isinstance(args[0], _Scores) and isinstance(args[1], _Const):
+        factor = _scalar(args[1])
+        if factor is None or factor == 0 or not math.isfinite(factor):
+            raise _NoMatch("a scaling by a value that is not a finite non-zero scalar")
+        scores = args[0]
+        return dataclasses.replace(scores, scale=scores.scale * (factor if name == "mul" else 1.0 / factor))
+    if name == "mul" and len(args) == 2 and isinstance(args[1], _Scores) and isinstance(args[0], _Const):
+        return _transition("mul", params, [args[1], args[0]], out_shape)
+    if name == "convert_element_type" and len(args) == 1:
+        if not is_floating(params["new_dtype"]):
+            raise _NoMatch("a convert to a type that is not floating")
+        return args[0]
+    if name == "stop_gradient" and len(args) == 1 and isinstance(args[0], _Part) and args[0].stage == "max":
+        return args[0]
+    if name == "select_n" and len(args) == 3 and isinstance(args[0], _Const) and len(kinds) == 1:
+        return _masked(args, out_shape)
+    if name in ("add", "add_any") and len(args) == 2 and len(kinds) == 1 and isinstance(kinds[0], _Scores):
+        bias = args[1] if isinstance(args[1], _Const) else args[0]
+        return _biased(kinds[0], bias.value, out_shape)
+    if name == "sub" and len(args) == 2 and isinstance(args[0], _Scores) and isinstance(args[1], _Part) \
+            and args[1].stage == "max" and args[1].scores is args[0]:
+        return _Part("shifted", args[0])
+    if name == "div" and len(args) == 2 and isinstance(args[0], _Part) and args[0].stage == "exp" \
+            and isinstance(args[1], _Part) and args[1].stage == "sum" and args[1].scores is args[0].scores:
+        return _Part("probs", args[0].scores)
+    if len(kinds) != 1 or not isinstance(kinds[0], (_Scores, _Part)):
+        raise _NoMatch(f"{name} of the attention's values")
+    value = kinds[0]
+    scores = value if isinstance(value, _Scores) else value.scores
+    stage = value.stage if isinstance(value, _Part) else "scores"
+    if name == "reduce_max" and stage == "scores" and tuple(params["axes"]) == (len(out_shape),):
+        return _Part("max", scores)
+    if name == "max" and stage == "max" and _is_minus_inf(args):
+        return value
+    if name == "broadcast_in_dim" and stage in ("max", "sum"):
+        return value
+    if name == "reshape" and stage in ("max", "sum"):
+        return value
+    if name == "exp" and stage == "shifted":
+        return _Part("exp", scores)
+    if name == "reduce_sum" and stage == "exp" and tuple(params["axes"]) == (len(out_shape),):
+        return _Part("sum", scores)
+    if name == "convert_element_type" and stage == "probs":
+        return value
+    raise _NoMatch(f"{name} is not a step of softmax attention here")
+
+
+def _is_minus_inf(args) -> bool:
+    return any(isinstance(a, _Const) and a.value.size == 1 and np.isneginf(float(a.value.reshape(()))) for a in args)
+
+
+def _scalar(const: _Const) -> float | None:
+    value = np.asarray(const.value)
+    if value.size != 1:
+        return None
+    return float(value.astype(np.float64).reshape(()))
+
+
+def _masked(args, out_shape):
+    """``select_n(pred, a, b)``: b where pred, else a; one of them the scores, the other a
+    very negative fill."""
+    pred, cases = args[0].value, args[1:]
+    if pred.dtype != np.bool_:
+        raise _NoMatch("a select on a predicate that is not boolean")
+    shown = 1 if isinstance(cases[1], _Scores) else 0
+    scores, fill = cases[shown], cases[1 - shown]
+    if not isinstance(scores, _Scores) or not isinstance(fill, _Const) or not np.all(fill.value <= VERY_NEGATIVE):
+        raise _NoMatch("a select that is not a mask with a very negative fill")
+    keep = pred if shown == 1 else ~pred
+    return _with_keep(scores, keep, out_shape)
+
+
+def _biased(scores: _Scores, bias: np.ndarray, out_shape):
+    """Scores plus a bias of 0 (kept) and very negative entries (hidden): a mask."""
+    bias = np.asarray(bias, np.float64)
+    if not np.all((bias == 0) | (bias <= VERY_NEGATIVE)):
+        raise _NoMatch("an added bias that is not a mask")
+    return _with_keep(scores, bias == 0, out_shape)
+
+
+def _with_keep(scores: _Scores, keep, out_shape) -> _Scores:
+    keep = np.broadcast_to(np.asarray(keep, bool), out_shape)
+    if scores.keep is not None:
+        keep = keep & scores.keep
+    return _Scores(scores.scale, keep)
+
+
+def _causal(keep, shape) -> bool:
+    """False where nothing is hidden; True where exactly the upper triangle is (query i
+    sees keys 0..i); raise for any other mask."""
+    if keep is None or np.all(keep):
+        return False
+    batch, heads, t, s = shape
+    if t == s and np.array_equal(np.broadcast_to(keep, shape), np.broadcast_to(np.tril(np.ones((t, s), bool)), shape)):
+        return True
+    raise _NoMatch("a mask that is neither none nor causal")
+
+
+class _Constants:
+    """The values of a jaxpr known without its inputs (literals, consts, and what equations
+    compute from them alone: a mask built from iota), evaluated on demand, small ones only."""
+
+    def __init__(self, jaxpr: Jaxpr, consts=()):
+        self.producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+        self.known: dict[Any, Any] = {var: _Const(np.asarray(value)) for var, value in zip(jaxpr.constvars, consts)
+                                      if np.size(value) <= _CONST_MAX_ELEMENTS}
+        self.invars = set(jaxpr.invars) | set(jaxpr.constvars)
+
+    def value(self, atom) -> _Const | None:
+        if isinstance(atom, Literal):
+            return _Const(np.asarray(atom.val))
+        if atom in self.known:
+            return self.known[atom]
+        found = None
+        eqn = self.producer.get(atom)
+        if eqn is not None and atom not in self.invars and not eqn.effects and len(eqn.outvars) == 1 \
+                and math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS:
+            args = [self.value(a) for a in eqn.invars]
+            if all(a is not None for a in args):
+                found = self.evaluate(eqn, [a.value for a in args])
+        self.known[atom] = found
+        return found
+
+    @staticmethod
+    def evaluate(eqn, values) -> _Const:
+        try:
+            with jax.ensure_compile_time_eval():
+                out = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
+            return _Const(np.asarray(out[0] if eqn.primitive.multiple_results else out))
+        except Exception as err:  # noqa: BLE001 - a constant this walk cannot evaluate: no match
+            raise _NoMatch(f"cannot evaluate {eqn.primitive.name}: {err}") from err
+
+
+# ---------------------------------------------------------------- the fused attention
+
+def fused(match: Match, q, k, v, implementation: str):
+    """The attention ``match`` found, computed by ``jax.nn.dot_product_attention`` with
+    ``implementation`` ("cudnn", "xla"), in the dims and dtype of its output."""
+    qs, ks, vs = (jnp.transpose(x, perm) for x, perm in zip((q, k, v), match.perms))
+    out = jax.nn.dot_product_attention(qs, ks, vs, scale=match.scale, is_causal=match.key.causal,
+                                       implementation=implementation)
+    return jnp.transpose(out, match.out_perm).astype(match.output.aval.dtype)
+
+
+def substituted(closed: ClosedJaxpr, choose: Callable[[Match], str | None]) -> ClosedJaxpr:
+    """``closed`` traced again with each attention for which ``choose`` gives an
+    implementation computed fused; the same object where none is (in it or in its bodies)."""
+    changed = []
+    new = jax.make_jaxpr(functools.partial(_evaluate, closed, choose, changed))(*closed.in_avals)
+    return new if changed else closed
+
+
+def _evaluate(closed: ClosedJaxpr, choose, changed: list, *args):
+    jaxpr = closed.jaxpr
+    env = dict(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(atom):
+        return atom.val if isinstance(atom, Literal) else env[atom]
+
+    chosen = {}
+    for match in find(jaxpr, closed.consts):
+        implementation = choose(match)
+        if implementation is not None:
+            chosen[match.last] = (match, implementation)
+    skipped = {i for match, _ in chosen.values() for i in match.members[:-1]}
+    for index, eqn in enumerate(jaxpr.eqns):
+        if index in chosen:
+            match, implementation = chosen[index]
+            env[match.output] = fused(match, read(match.q), read(match.k), read(match.v), implementation)
+            changed.append(match)
+            continue
+        if index in skipped:
+            continue
+        params = eqn.params
+        if eqn.primitive.name in _BODIES:
+            params = {name: map_jaxprs(value, functools.partial(_body, choose, changed))
+                      if name in _BODIES[eqn.primitive.name] else value for name, value in params.items()}
+        out = eqn.primitive.bind(*(read(a) for a in eqn.invars), **eqn.primitive.get_bind_params(params))
+        env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _body(choose, changed: list, jaxpr):
+    """A nested body with its attentions substituted (an open one only where that adds no
+    constants, which an open jaxpr cannot hold)."""
+    closed = jaxpr if isinstance(jaxpr, ClosedJaxpr) else ClosedJaxpr(jaxpr, ())
+    new = substituted(closed, choose)
+    if new is closed or (not isinstance(jaxpr, ClosedJaxpr) and new.consts):
+        return jaxpr
+    changed.append(new)
+    return new if isinstance(jaxpr, ClosedJaxpr) else new.jaxpr
+
+
+__all__ = ["Match", "find", "fused", "substituted", "VERY_NEGATIVE"]

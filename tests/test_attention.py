@@ -1,0 +1,296 @@
+"""Softmax attention under ``jat.autotune``: found in the jaxpr, keyed, decided by measurement,
+fused where that wins, with JAX's values and gradients.
+
+On a CPU no fused implementation serves a key (cuDNN's is a GPU's), so these tests give the
+CPU ``jax.nn.dot_product_attention``'s XLA implementation as one (``fusing_on_cpu``) and a
+fake clock that says which is faster: the finding, the checks, the decision's rules, the
+substitution and its gradients are the real ones.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_autotune as jat
+from jax_autotune import attention_tuning
+from jax_autotune.api import leaving_plain
+from jax_autotune.attention import find, substituted
+from jax_autotune.attention_key import AttentionKey
+from jax.extend.core import jaxpr_as_fun
+from jax_autotune.tuning import attention_decisions
+from jax_autotune.tuning.attention_decisions import AS_WRITTEN, AttentionDecision
+import numerics
+
+B, T, H, D = 2, 16, 4, 8
+BF16 = jnp.bfloat16
+Q, K, V = (numerics.rand(i, B, T, H, D, dtype="bfloat16") for i in range(3))
+
+
+def causal_attention(q, k, v):
+    """As GPT-2 writes it: einsum, scale, a tril mask through jnp.where, softmax in f32."""
+    t, head_dim = q.shape[1], q.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
+    scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+    weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def heads_first_attention(q, k, v):
+    """(batch, heads, t, head_dim) operands, a multiplied scale, no mask."""
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125), v)
+
+
+def matches(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    return find(closed.jaxpr, closed.consts)
+
+
+# ---------------------------------------------------------------- what is found
+
+def test_gpt2s_causal_attention_is_found_with_its_scale_and_mask():
+    (match,) = matches(causal_attention, Q, K, V)
+    assert match.key == AttentionKey(batch=B, heads=H, t=T, s=T, head_dim=D, dtype="bfloat16", causal=True)
+    assert match.scale == pytest.approx(float(jnp.asarray(D ** 0.5, BF16)) ** -1)
+
+
+def test_flax_multi_head_attention_is_found_causal_and_unmasked():
+    x = numerics.rand(5, B, T, 32, dtype="bfloat16")
+    mha = nn.MultiHeadDotProductAttention(num_heads=H, dtype=BF16)
+    params = mha.init(jax.random.key(0), x)
+    (causal,) = matches(lambda p, x: mha.apply(p, x, mask=nn.make_causal_mask(jnp.ones((B, T)))), params, x)
+    (plain,) = matches(lambda p, x: mha.apply(p, x), params, x)
+    assert causal.key.causal and not plain.key.causal
+    assert causal.scale == plain.scale == 1.0  # flax scales the query before its dot
+
+
+def test_heads_first_operands_and_a_multiplied_scale():
+    (match,) = matches(heads_first_attention, Q, K, V)
+    assert match.scale == 0.125 and not match.key.causal
+    assert match.perms[0] == (0, 2, 1, 3)  # (b, h, t, d) -> (b, t, h, d)
+
+
+def test_a_mask_closed_over_or_added_as_a_bias_is_read_as_one():
+    tril = np.tril(np.ones((T, T), bool))
+    bias = np.where(tril, 0.0, -np.inf).astype(np.float32)
+
+    def closed_over(q, k, v):
+        scores = jnp.where(tril, jnp.einsum("bqhd,bkhd->bhqk", q, k), -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), v)
+
+    def added(q, k, v):
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) + bias
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores).astype(q.dtype), v)
+
+    assert [m.key.causal for m in matches(closed_over, Q, K, V)] == [True]
+    assert [m.key.causal for m in matches(added, Q, K, V)] == [True]
+
+
+def test_grouped_query_attention_repeated_before_its_dot_is_found():
+    kv = numerics.rand(7, B, T, 2, D, dtype="bfloat16")
+    (match,) = matches(lambda q, k, v: causal_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
+                       Q, kv, kv)
+    assert match.key.heads == H
+
+
+@pytest.mark.parametrize("fn", [
+    # a bias that is no mask, a mask that is not causal, the scores read twice, an asked-for precision
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) + 1.0), v),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+        jnp.where(np.triu(np.ones((T, T), bool)), jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9)), v),
+    lambda q, k, v: (jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s := jnp.einsum("bqhd,bkhd->bhqk", q, k)), v), s),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+        jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest")), v),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.sigmoid(jnp.einsum("bqhd,bkhd->bhqk", q, k)), v),
+])
+def test_what_is_not_plain_softmax_attention_is_not_found(fn):
+    assert matches(fn, Q, K, V) == []
+
+
+def test_the_attention_as_written_is_the_programs_own():
+    (match,) = matches(causal_attention, Q, K, V)
+    np.testing.assert_array_equal(np.asarray(match.written(Q, K, V)), np.asarray(causal_attention(Q, K, V)))
+
+
+@pytest.mark.parametrize("fn", [causal_attention, heads_first_attention])
+def test_substituted_gives_the_attention_and_its_gradients(fn):
+    closed = jax.make_jaxpr(fn)(Q, K, V)
+    fused = substituted(closed, lambda match: "xla")
+    assert fused is not closed and substituted(closed, lambda match: None) is closed
+    run = lambda q, k, v: jaxpr_as_fun(fused)(q, k, v)[0]  # noqa: E731
+    assert numerics.rel_error(run(Q, K, V), fn(Q, K, V)) < 2e-2
+
+    def grads(f):
+        return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * V.astype(jnp.float32)), (0, 1, 2))(Q, K, V)
+
+    for got, want in zip(grads(run), grads(fn)):
+        assert numerics.rel_error(got, want) < 4e-2
+
+
+def test_attention_in_a_jitted_body_or_a_scan_is_substituted():
+    def scanned(q, k, v):
+        return jax.lax.scan(lambda c, _: (jax.jit(causal_attention)(c, k, v), None), q, None, length=2)[0]
+
+    closed = jax.make_jaxpr(scanned)(Q, K, V)
+    keys = []
+    fused = substituted(closed, lambda match: keys.append(match.key) or "xla")
+    assert fused is not closed and len(keys) == 1
+    out = jaxpr_as_fun(fused)(Q, K, V)[0]
+    assert numerics.rel_error(out, scanned(Q, K, V)) < 3e-2
+
+
+# ---------------------------------------------------------------- keys and kept decisions
+
+def test_an_attention_key_round_trips_and_a_bad_one_names_what_is_wrong():
+    key = AttentionKey(batch=8, heads=12, t=1024, s=1024, head_dim=64, dtype="bfloat16", causal=True)
+    assert AttentionKey.parse(key.canonical()) == key
+    for text, part in [("attention:batch=8", "fields"), ("batch=8", "starting with"),
+                       (key.canonical().replace("=true", "=yes"), "causal"),
+                       (key.canonical().replace("t=1024", "t=x"), "not an int")]:
+        with pytest.raises(ValueError, match=part):
+            AttentionKey.parse(text)
+    with pytest.raises(ValueError, match="heads"):
+        AttentionKey(batch=1, heads=0, t=1, s=1, head_dim=8, dtype="bfloat16", causal=False)
+
+
+def test_a_decision_round_trips_and_a_bad_row_is_no_decision():
+    key = AttentionKey(batch=2, heads=4, t=16, s=16, head_dim=8, dtype="bfloat16", causal=True)
+    decision = AttentionDecision(key, "cudnn", {AS_WRITTEN: 2e-3, "cudnn": 5e-4}, {"x": "why"})
+    back = AttentionDecision.from_json(decision.to_json())
+    assert (back.key, back.winner, back.seconds, back.rejected) == (key, "cudnn", decision.seconds, {"x": "why"})
+    assert back.gain_seconds == pytest.approx(1.5e-3)
+    for bad in [None, {}, {**decision.to_json(), "winner": "cudnn", "seconds": {}},
+                {**decision.to_json(), "key": "attention:batch=2"},
+                {**decision.to_json(), "seconds": {"cudnn": -1.0}}]:
+        assert AttentionDecision.from_json(bad) is None
+
+
+# ---------------------------------------------------------------- deciding
+
+@pytest.fixture
+def fusing_on_cpu(monkeypatch, fresh_tuning):
+    """The CPU given ``jax.nn.dot_product_attention``'s XLA implementation as a fused one,
+    and a fake clock: ``clock[name]`` seconds for each program timed (``timed`` lists them)."""
+    monkeypatch.setitem(attention_tuning.FUSED, "cpu", ("xla",))
+    clock = {AS_WRITTEN: 2e-3, "xla": 1e-3, "timed": []}
+
+    def fake_seconds(timer, compiled, args, runs=10):
+        name = clock["order"].pop(0)
+        clock["timed"].append(name)
+        return clock[name]
+
+    real_tune = attention_tuning.tune
+
+    def tune(tuner, match, names):
+        clock["order"] = [AS_WRITTEN, *names]
+        return real_tune(tuner, match, names)
+
+    monkeypatch.setattr(attention_tuning, "program_seconds", fake_seconds)
+    monkeypatch.setattr(attention_tuning, "tune", tune)
+    return clock
+
+
+def fused_keys(fn, *args):
+    with attention_tuning.decisions_seen() as seen:
+        jax.make_jaxpr(fn)(*args)
+    return [(d.key, d.winner) for d in seen]
+
+
+def test_the_faster_right_candidate_wins_and_is_kept_for_the_next_process(fusing_on_cpu):
+    assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == ["xla"]
+    assert fusing_on_cpu["timed"] == [AS_WRITTEN, "xla"]
+    attention_decisions.forget()  # a new process: the store's row, nothing timed
+    with attention_tuning.decisions_seen() as seen:
+        jax.make_jaxpr(jat.autotune(causal_attention))(Q, K, V)
+    assert [(d.winner, d.source) for d in seen] == [("xla", "store")] and fusing_on_cpu["timed"] == [AS_WRITTEN, "xla"]
+
+
+def test_as_written_stays_where_it_is_faster(fusing_on_cpu):
+    fusing_on_cpu["xla"] = 3e-3
+    assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == [AS_WRITTEN]
+
+
+def test_a_wrong_fused_result_is_rejected_and_never_runs(fusing_on_cpu, monkeypatch):
+    monkeypatch.setattr(attention_tuning, "fused", lambda match, q, k, v, name: match.written(q, k, v) * 1.5)
+    (decision,) = [d for d in _decisions(jat.autotune(causal_attention), Q, K, V)]
+    assert decision.winner == AS_WRITTEN and decision.rejected["xla"].startswith("wrong result: out")
+
+
+def test_a_misread_pattern_fuses_nothing(fusing_on_cpu, monkeypatch):
+    """Where the program as written disagrees with the attention as read (the scale, say),
+    the reading is wrong: nothing is fused."""
+    real = attention_tuning._reference
+    monkeypatch.setattr(attention_tuning, "_reference",
+                        lambda match, *a: real(dataclasses.replace(match, scale=match.scale * 3), *a))
+    (decision,) = _decisions(jat.autotune(causal_attention), Q, K, V)
+    assert decision.winner == AS_WRITTEN and AS_WRITTEN in decision.rejected
+
+
+def _decisions(fn, *args):
+    with attention_tuning.decisions_seen() as seen:
+        jax.make_jaxpr(fn)(*args)
+    return seen
+
+
+@pytest.mark.parametrize("setting, value", [("mode", "off"), ("context", "off"), ("mode", "cached")])
+def test_settings_that_fuse_nothing(fusing_on_cpu, setting, value):
+    jat.config.update(setting, value)
+    assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] in ([], [AS_WRITTEN])
+    assert fusing_on_cpu["timed"] == []
+
+
+def test_a_key_left_plain_by_the_program_check_runs_as_written(fusing_on_cpu):
+    (match,) = matches(causal_attention, Q, K, V)
+    with leaving_plain(frozenset({match.key})):
+        choose = attention_tuning.choice(jat.config.policy())
+    assert choose(match) is None and fusing_on_cpu["timed"] == []
+    assert attention_tuning.choice(jat.config.policy())(match) == "xla"
+
+
+def test_nothing_is_looked_for_where_nothing_can_be_fused(fresh_tuning):
+    assert attention_tuning.choice(jat.config.policy()) is None  # a CPU as it comes
+
+
+def test_no_fused_implementation_serves_a_cpu_or_an_f32_or_wide_head_key():
+    key = AttentionKey(batch=1, heads=1, t=8, s=8, head_dim=64, dtype="bfloat16", causal=True)
+    assert attention_tuning.implementations("cpu", key) == ()
+    assert attention_tuning.implementations("gpu", key) == ("cudnn",)
+    for changed in ({"dtype": "float32"}, {"head_dim": 256}, {"head_dim": 60}):
+        assert attention_tuning.implementations("gpu", dataclasses.replace(key, **changed)) == ()
+
+
+# ---------------------------------------------------------------- through jat.autotune, as users train
+
+def loss(q, k, v):
+    return jnp.mean(causal_attention(q, k, v).astype(jnp.float32) ** 2)
+
+
+def test_fused_under_grad_gives_jaxs_values_and_gradients(fusing_on_cpu):
+    tuned = jax.jit(jax.value_and_grad(jat.autotune(loss), (0, 1, 2)))
+    with attention_tuning.decisions_seen() as seen:
+        value, grads = tuned(Q, K, V)
+    want_value, want_grads = jax.value_and_grad(loss, (0, 1, 2))(Q, K, V)
+    assert [d.winner for d in seen] == ["xla"]  # decided, and fused
+    assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
+    for got, want in zip(grads, want_grads):
+        assert got.dtype == want.dtype and numerics.rel_error(got, want) < 4e-2
+
+
+def test_forward_mode_and_vmap_run_the_attention_as_written(fusing_on_cpu):
+    tuned = jat.autotune(loss)
+    _, tangent = jax.jvp(tuned, (Q, K, V), (Q, K, V))
+    _, want = jax.jvp(loss, (Q, K, V), (Q, K, V))
+    assert numerics.rel_error(tangent, want) < 2e-2
+    per_example = jax.vmap(tuned)(Q[None], K[None], V[None])
+    assert numerics.rel_error(per_example[0], loss(Q, K, V)) < 2e-2
+
+
+def test_warmup_reports_the_attention_and_checks_it_with_the_program(fusing_on_cpu):
+    tuned = jat.autotune(loss)
+    report = jat.warmup(tuned, Q, K, V, grad=True)
+    assert [(d.key.causal, d.winner) for d in report.attention] == [(True, "xla")]
+    assert "attention 2x4x16x16x8 bfloat16 causal: xla" in str(report)
+    assert report.program is not None and report.program.keys >= 1

@@ -1,0 +1,35 @@
+"""On a CUDA GPU: ``jat.autotune`` fuses a model's softmax attention with cuDNN where that is
+faster and right, and the step's values and gradients stay JAX's."""
+
+import jax
+import pytest
+
+import jax_autotune as jat
+from jax_autotune import attention_tuning
+from jax_autotune.tuning.attention_decisions import AS_WRITTEN
+import numerics
+from test_attention import loss
+
+pytestmark = pytest.mark.gpu
+
+B, T, H, D = 4, 1024, 12, 64  # GPT-2-small's attention, batch 4
+
+
+def test_cudnn_wins_gpt2s_attention_and_the_gradients_are_jaxs(fresh_tuning):
+    q, k, v = (numerics.rand(i, B, T, H, D, dtype="bfloat16") for i in range(3))
+    with attention_tuning.decisions_seen() as seen:
+        value, grads = jax.jit(jax.value_and_grad(jat.autotune(loss), (0, 1, 2)))(q, k, v)
+    (decision,) = seen
+    assert decision.key.causal and set(decision.seconds) == {AS_WRITTEN, "cudnn"}, decision.rejected
+    assert decision.winner == "cudnn", decision.seconds
+    want_value, want_grads = jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+    assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
+    for got, want in zip(grads, want_grads):
+        assert got.dtype == want.dtype and numerics.rel_error(got, want) < 4e-2
+
+
+def test_forward_mode_through_a_fused_attention_runs_it_as_written(fresh_tuning):
+    q, k, v = (numerics.rand(i, 1, T, H, D, dtype="bfloat16") for i in range(3))
+    _, tangent = jax.jvp(jat.autotune(loss), (q, k, v), (q, k, v))
+    _, want = jax.jvp(loss, (q, k, v), (q, k, v))
+    assert numerics.rel_error(tangent, want) < 3e-2
