@@ -21,6 +21,9 @@ plain in that program:
 * when that is still slower than plain, the keys are left plain as a longer prefix of the
   order, the shortest with which the program is no slower than plain (a binary search:
   about log2(keys) compiles; leaving every key plain *is* the plain program);
+* a softmax attention ``jat.autotune`` fused is one of the program's keys too (its
+  ``AttentionKey``, claiming what its decision measured against it as written): left
+  plain, it runs as written, and the plain program has every attention as written;
 * where every key's winner is XLA's dot, nothing is compiled: the tuned program could only
   add layout ops to plain's, so every key is left plain;
 * the result is kept with the program's identity (``tuning.programs``), in the store too,
