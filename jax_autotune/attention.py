@@ -17,7 +17,8 @@ sum, divide, inline or in a ``custom_jvp`` or ``jit``), converts, and the weight
 with v, perhaps a transpose after it; each value read by nothing else. The mask must be
 none or causal (the lower triangle: query i sees keys 0..i). ``substituted(closed,
 choose)`` traces the program again with each attention whose key ``choose`` gives an
-implementation computed by ``fused``; everything else as traced, jaxprs nested in jit,
+implementation computed by ``fused`` (or, given ``LEFT_PLAIN``, bound exactly as traced in a
+jit the rewrite leaves alone: ``untouched``); everything else as traced, jaxprs nested in jit,
 scan, cond, while and remat bodies included (custom_jvp/vjp bodies are left as they are:
 their rules would no longer match).
 
@@ -47,6 +48,8 @@ from jax_autotune.attention_key import AttentionKey
 from jax_autotune.dtypes import is_floating
 from jax_autotune.jaxprs import map_jaxprs, readers
 
+LEFT_PLAIN = "left_plain"  # what ``choose`` returns for an attention to run exactly as traced
+UNTOUCHED = "jax_autotune_attention_as_traced"  # the name of the jit that holds such an attention
 VERY_NEGATIVE = -1e4  # a mask's fill (or bias) at or below this hides the entry: exp() of it is 0
 _CONST_MAX_ELEMENTS = 1 << 24  # constants evaluated while matching (a mask) stay below this
 _FLATTENED = frozenset({"jit", "pjit", "custom_jvp_call", "closed_call"})  # bodies read inline
@@ -445,6 +448,17 @@ def fused(match: Match, q, k, v, implementation: str):
     return jnp.transpose(out, match.out_perm).astype(match.output.aval.dtype)
 
 
+def untouched(match: Match, q, k, v):
+    """The attention as the program wrote it, in a jit named ``UNTOUCHED``, which
+    ``jat.autotune``'s rewrite binds as traced: its dots stay lax's (an attention the
+    program check left plain runs as the user wrote it)."""
+    def as_traced(q, k, v):
+        return match.written(q, k, v)
+
+    as_traced.__name__ = as_traced.__qualname__ = UNTOUCHED
+    return jax.jit(as_traced)(q, k, v)
+
+
 def substituted(closed: ClosedJaxpr, choose: Callable[[Match], str | None]) -> ClosedJaxpr:
     """``closed`` traced again with each attention for which ``choose`` gives an
     implementation computed fused; the same object where none is (in it or in its bodies)."""
@@ -470,7 +484,9 @@ def _evaluate(closed: ClosedJaxpr, choose, changed: list, *args):
     for index, eqn in enumerate(jaxpr.eqns):
         if index in chosen:
             match, implementation = chosen[index]
-            env[match.output] = fused(match, read(match.q), read(match.k), read(match.v), implementation)
+            q, k, v = read(match.q), read(match.k), read(match.v)
+            env[match.output] = (untouched(match, q, k, v) if implementation == LEFT_PLAIN
+                                 else fused(match, q, k, v, implementation))
             changed.append(match)
             continue
         if index in skipped:
@@ -495,4 +511,4 @@ def _body(choose, changed: list, jaxpr):
     return new if isinstance(jaxpr, ClosedJaxpr) else new.jaxpr
 
 
-__all__ = ["Match", "find", "fused", "substituted", "VERY_NEGATIVE"]
+__all__ = ["LEFT_PLAIN", "Match", "UNTOUCHED", "VERY_NEGATIVE", "find", "fused", "substituted", "untouched"]

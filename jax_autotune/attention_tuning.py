@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_autotune.api import left_plain_keys
-from jax_autotune.attention import Match, fused
+from jax_autotune.attention import LEFT_PLAIN, Match, fused
 from jax_autotune.attention_key import AttentionKey
 from jax_autotune.registry import tuner_for
 from jax_autotune.tuning.attention_decisions import (AS_WRITTEN, AttentionDecision, checksum, known,
@@ -72,7 +72,9 @@ def implementations(platform: str, key: AttentionKey) -> tuple[str, ...]:
 
 def choice(policy: Policy) -> Callable[[Match], str | None] | None:
     """``choose(match)``: the implementation that computes the attention ``match``, fused,
-    or None (as written); decides its key where no decision is kept and ``policy`` tunes.
+    None (as written, its dots tuned), or ``LEFT_PLAIN`` where the program check left its key
+    plain (as written, its dots lax's); decides its key where no decision is kept and
+    ``policy`` tunes.
     None where nothing can be fused here (no attention need be looked for)."""
     platform = jax.default_backend()
     if (policy.mode == "off" or policy.context == "off" or jax.process_count() > 1
@@ -81,7 +83,9 @@ def choice(policy: Policy) -> Callable[[Match], str | None] | None:
     left = left_plain_keys()
 
     def choose(match: Match) -> str | None:
-        if match.key in left or not implementations(platform, match.key):
+        if match.key in left:  # the program check found it costs the program: as the user wrote it
+            return LEFT_PLAIN
+        if not implementations(platform, match.key):
             return None
         try:
             decision = decide(tuner_for(platform), match, policy)

@@ -153,6 +153,11 @@ class _Traced:
             self.unfused = self.closed if self.source is self.original else _rewrite(self.original)
         return self.unfused
 
+    def differentiated(self) -> Callable:
+        """The function reverse-mode autodiff traces: ``fn``'s, or with its attentions fused
+        where ``source`` has them (the backward pass is then the fused kernels')."""
+        return self.flat_fn if self.source is self.original else _as_function(self.source)
+
     def result(self, arrays):
         it = iter(arrays)
         leaves = [next(it) if static is _TRACED else static for static in self.out_static]
@@ -197,7 +202,7 @@ class _Traces:
             if linearized is not None:
                 if linearized not in traced.backwards:  # per signature and differentiated leaves
                     traced.backwards[linearized] = with_tuned_backward(
-                        traced.closed, traced.flat_fn, avals, linearized, _rewrite)
+                        traced.closed, traced.differentiated(), avals, linearized, _rewrite)
                 if traced.backwards[linearized] is not None:
                     return traced.result(traced.backwards[linearized](*arrays))
             return traced.result(jaxpr_as_fun(traced.closed)(*arrays))
@@ -233,8 +238,7 @@ def _as_checked(traced: _Traced) -> _Traced:
     with leaving_plain(left):
         source = _fused_attention(traced.original)
         closed = _rewrite(source)
-    flat_fn = traced.flat_fn if source is traced.original else _as_function(source)
-    return dataclasses.replace(traced, closed=closed, source=source, flat_fn=flat_fn, left_plain=left,
+    return dataclasses.replace(traced, closed=closed, source=source, left_plain=left,
                                backwards={}, unfused=None, checked_at=generation)
 
 
@@ -284,8 +288,6 @@ def _trace(fn, in_tree, leaves, is_array, avals) -> _Traced:
     closed = jax.make_jaxpr(flat_fn)(*avals)
     program = programs.identity(getattr(fn, "__qualname__", type(fn).__name__), str(closed.jaxpr))
     source = _fused_attention(closed)
-    if source is not closed:  # differentiated as fused: the fused kernels' backward
-        flat_fn = _as_function(source)
     return _Traced(_rewrite(source), flat_fn, out["tree"], out["static"], source, program, closed)
 
 
@@ -425,7 +427,7 @@ def _bind(eqn, invals):
                                   preferred_element_type=params["preferred_element_type"])
     if name == "shard_map" and set(params) == _SHARD_MAP_PARAMS:
         return _shard_map(invals, **params)
-    if name in _SUBJAXPR_PARAMS:
+    if name in _SUBJAXPR_PARAMS and params.get("name") != attention.UNTOUCHED:  # an attention left plain
         params = {k: _rewrite_param(v) if k in _SUBJAXPR_PARAMS[name] else v for k, v in params.items()}
     return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
 

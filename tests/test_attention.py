@@ -18,7 +18,7 @@ import pytest
 import jax_autotune as jat
 from jax_autotune import attention_tuning
 from jax_autotune.api import leaving_plain
-from jax_autotune.attention import find, substituted
+from jax_autotune.attention import LEFT_PLAIN, find, substituted
 from jax_autotune.attention_key import AttentionKey
 from jax.extend.core import jaxpr_as_fun
 from jax_autotune.tuning import attention_decisions
@@ -246,7 +246,7 @@ def test_a_key_left_plain_by_the_program_check_runs_as_written(fusing_on_cpu):
     (match,) = matches(causal_attention, Q, K, V)
     with leaving_plain(frozenset({match.key})):
         choose = attention_tuning.choice(jat.config.policy())
-    assert choose(match) is None and fusing_on_cpu["timed"] == []
+    assert choose(match) == LEFT_PLAIN and fusing_on_cpu["timed"] == []
     assert attention_tuning.choice(jat.config.policy())(match) == "xla"
 
 
@@ -294,3 +294,26 @@ def test_warmup_reports_the_attention_and_checks_it_with_the_program(fusing_on_c
     assert [(d.key.causal, d.winner) for d in report.attention] == [(True, "xla")]
     assert "attention 2x4x16x16x8 bfloat16 causal: xla" in str(report)
     assert report.program is not None and report.program.keys >= 1
+
+
+def test_the_program_checks_plain_program_runs_the_attention_as_the_user_wrote_it(fusing_on_cpu, monkeypatch):
+    """Every key left plain (the attention's too) is the program as written: no fused
+    attention, and the attention's own dots lax's, not tuned ones."""
+    import jax_autotune.attention as attention_module
+    from jax_autotune.autotune import programs_traced
+    from jax_autotune.jaxprs import equations
+    from jax_autotune.primitive import fused_p, matmul_p
+    from jax_autotune.program_check import _leave
+    from jax_autotune.registry import tuner_for
+
+    step = jax.value_and_grad(jat.autotune(loss))
+    with programs_traced() as ids, attention_tuning.decisions_seen() as seen:
+        closed = jax.make_jaxpr(step)(Q, K, V)
+    keys = {e.params["key"] for e in equations(closed) if e.primitive in (matmul_p, fused_p)} | {seen[0].key}
+    _leave(ids, tuner_for("cpu"), frozenset(keys), persist=False)
+    calls, real = [], attention_module.fused
+    monkeypatch.setattr(attention_module, "fused", lambda *a: calls.append(a) or real(*a))
+    plain = jax.make_jaxpr(lambda *a: step(*a))(Q, K, V)  # a new function: traced again
+    assert calls == [] and not any(e.primitive in (matmul_p, fused_p) for e in equations(plain))
+    value, _ = jax.jit(lambda *a: step(*a))(Q, K, V)
+    assert float(value) == pytest.approx(float(loss(Q, K, V)), rel=1e-6)
