@@ -46,7 +46,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
 
 from jax_autotune.attention_key import AttentionKey
 from jax_autotune.dtypes import is_floating
-from jax_autotune.jaxprs import map_jaxprs, readers
+from jax_autotune.jaxprs import bind, map_jaxprs, readers
 
 LEFT_PLAIN = "left_plain"  # what ``choose`` returns for an attention to run exactly as traced
 UNTOUCHED = "jax_autotune_attention_as_traced"  # the name of the jit that holds such an attention
@@ -91,8 +91,7 @@ class Match:
             return atom.val if isinstance(atom, Literal) else env[atom]
 
         for eqn in self.equations:
-            out = eqn.primitive.bind(*(read(a) for a in eqn.invars), **eqn.primitive.get_bind_params(eqn.params))
-            env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+            env.update(zip(eqn.outvars, bind(eqn, [read(a) for a in eqn.invars])))
         return env[self.output]
 
 
@@ -184,11 +183,11 @@ def _match(eqns, head: int, uses, outputs, consts) -> Match:
             v, v_perm, out_perm, scores = d2
             members.append(index)
             out = eqn.outvars[0]
-            readers = uses.get(out, [])
-            if len(readers) == 1 and out not in outputs and eqns[readers[0]].primitive.name == "transpose":
-                transpose = eqns[readers[0]]
+            after = uses.get(out, [])
+            if len(after) == 1 and out not in outputs and eqns[after[0]].primitive.name == "transpose":
+                transpose = eqns[after[0]]
                 perm = tuple(transpose.params["permutation"])
-                members.append(readers[0])
+                members.append(after[0])
                 out, out_perm = transpose.outvars[0], tuple(out_perm[p] for p in perm)
             _check_closed(members, kinds, uses, outputs, out, eqns)
             causal = _causal(scores.keep, (batch, heads, t, s))
@@ -431,8 +430,8 @@ class _Constants:
     def evaluate(eqn, values) -> _Const:
         try:
             with jax.ensure_compile_time_eval():
-                out = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
-            return _Const(np.asarray(out[0] if eqn.primitive.multiple_results else out))
+                (out, *_) = bind(eqn, values)
+            return _Const(np.asarray(out))
         except Exception as err:  # noqa: BLE001 - a constant this walk cannot evaluate: no match
             raise _NoMatch(f"cannot evaluate {eqn.primitive.name}: {err}") from err
 
@@ -495,8 +494,7 @@ def _evaluate(closed: ClosedJaxpr, choose, changed: list, *args):
         if eqn.primitive.name in _BODIES:
             params = {name: map_jaxprs(value, functools.partial(_body, choose, changed))
                       if name in _BODIES[eqn.primitive.name] else value for name, value in params.items()}
-        out = eqn.primitive.bind(*(read(a) for a in eqn.invars), **eqn.primitive.get_bind_params(params))
-        env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+        env.update(zip(eqn.outvars, bind(eqn, [read(a) for a in eqn.invars], params)))
     return [read(v) for v in jaxpr.outvars]
 
 

@@ -74,7 +74,7 @@ from jax_autotune.api import LEFT_PLAIN, dot_general, dot_general_in_context, le
 from jax_autotune import attention, attention_tuning
 from jax_autotune.backward import jit_or_vjp_only, reverse_mode, with_tuned_backward
 from jax_autotune.context import Region, dot_labels, operand_values, regions
-from jax_autotune.jaxprs import map_jaxprs
+from jax_autotune.jaxprs import bind, map_jaxprs
 from jax_autotune.kernels.gpu.epilogues import taken_by_value
 from jax_autotune.module_state import split_modules, with_module_state
 from jax_autotune.ragged import ragged_dot_general, ragged_dot_in_context
@@ -334,9 +334,9 @@ def _eval(closed, *args):
     def run(eqn, as_traced=False):
         info = eqn.source_info
         name_stack = source_info_util.current_name_stack() + info.name_stack
-        bind = _bind_as_traced if as_traced else _bind
+        bound = _bind_as_traced if as_traced else _bind
         with source_info_util.user_context(info.traceback, name_stack=name_stack), eqn.ctx.manager:
-            out = bind(eqn, [read(v) for v in eqn.invars])
+            out = bound(eqn, [read(v) for v in eqn.invars])
         env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
 
     found = {} if config.compile_policy().context == "off" else regions(
@@ -413,7 +413,8 @@ def _bound_grouped(region: Region, head, read):
 
 
 def _bind_as_traced(eqn, invals):
-    return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+    out = bind(eqn, invals)
+    return out if eqn.primitive.multiple_results else out[0]
 
 
 def _bind(eqn, invals):
@@ -429,7 +430,8 @@ def _bind(eqn, invals):
         return _shard_map(invals, **params)
     if name in _SUBJAXPR_PARAMS and params.get("name") != attention.UNTOUCHED:  # an attention left plain
         params = {k: _rewrite_param(v) if k in _SUBJAXPR_PARAMS[name] else v for k, v in params.items()}
-    return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+    out = bind(eqn, invals, params)
+    return out if eqn.primitive.multiple_results else out[0]
 
 
 def _tuner_serves(eqn) -> bool:

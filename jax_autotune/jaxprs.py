@@ -56,3 +56,14 @@ def readers(jaxpr: Jaxpr) -> dict[Any, list[int]]:
             if isinstance(atom, Var):
                 found.setdefault(atom, []).append(index)
     return found
+
+
+def bind(eqn, values, params=None):
+    """``eqn``'s primitive bound on ``values`` with its params (or ``params``, the same
+    with rewritten bodies), as JAX traced it: a list of its results.
+
+        >>> bind(eqn, [x, y])                   # doctest: +SKIP
+        [Array(...)]
+    """
+    out = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params if params is None else params))
+    return out if eqn.primitive.multiple_results else [out]
