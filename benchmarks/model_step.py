@@ -137,7 +137,8 @@ def timed_warmup(case) -> dict:
     row = {"warmup_s": time.perf_counter() - start, "xla_primes": [p for p in primes if p["primed"]],
            "keys": len(report), "winners": sorted({e.winner for e in report}),
            "program_check": str(report.program) if report.program else "",
-           "program_check_s": report.program.seconds if report.program else 0.0}
+           "program_check_s": report.program.seconds if report.program else 0.0,
+           "warmup_phases_s": dict(report.seconds)}
     return {**row, **tuning_breakdown(decided)}
 
 
@@ -248,6 +249,8 @@ def model_table(model: str, rows: list[dict], sizes: dict) -> list[str]:
                      f"{r['tuned_in_first_step']} | {r['step_ms']:.2f} | {ratio} | "
                      f"{', '.join(f'{x:.4f}' for x in r['losses'])} |")
     checks = [f"- {r['variant']}: {r['program_check']}" for r in rows if r.get("program_check")]
+    checks += [f"- {r['variant']} warmup: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in r["warmup_phases_s"].items())
+               for r in rows if r.get("warmup_phases_s")]
     return lines + ([""] + checks if checks else []) + [""]
 
 

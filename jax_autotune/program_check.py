@@ -13,11 +13,13 @@ plain in that program:
 * the keys are ordered by what their tunings claim to gain in the program
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
-* the minor keys, the shortest-claiming prefix whose claims together are at most
-  ``MINOR_SHARE`` of all the keys' claims, are tried left plain from the start: a claim
+* the tuned and the plain programs compile at once; where tuned is no slower, that is
+  all (an extra trial with the minor keys plain beside them gained nothing on GPT-2 or
+  Llama on an H100 and cost a third whole-program compile: ``benchmarks/results/``);
+* where tuned is slower, the minor keys, the shortest-claiming prefix whose claims together
+  are at most ``MINOR_SHARE`` of all the keys' claims, are tried left plain first: a claim
   measured on a key alone does not count the copies and lost fusions a custom call costs
-  the program, which are of the size of a minor key's claim. That program is compiled with
-  the tuned and the plain ones, at once, and the faster of it and the tuned one is kept;
+  the program, which are of the size of a minor key's claim;
 * when that is still slower than plain, the keys are left plain as a longer prefix of the
   order, the shortest with which the program is no slower than plain (a binary search:
   about log2(keys) compiles; leaving every key plain *is* the plain program);
@@ -34,7 +36,7 @@ plain in that program:
     >>> print(report.program)
     program: plain 3.52 ms, tuned 5.26 ms (0.67x); 10 of 10 keys left plain: 3.52 ms (1.00x) [5 compiles, 14.7 s]
     >>> print(big_report.program)
-    program: plain 34.5 ms, tuned 29 ms (1.19x); 18 of 21 keys left plain: 27.9 ms (1.24x) [3 compiles, 19.0 s]
+    program: plain 38.2 ms, tuned 31.5 ms (1.21x) [2 compiles, 14.6 s]
 """
 
 from __future__ import annotations
@@ -114,12 +116,15 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     timed = measure or _WallClock(target, args, program_ids, tuner, frozenset(keys))
     minor = _minor(keys, uses, gains)
     try:
-        (tuned, plain), *with_minor = timed(frozenset(), *([frozenset(minor)] if minor else []))
+        (tuned, plain), = timed(frozenset())
         left, final = (), tuned
-        if with_minor and with_minor[0][0] < tuned:
-            left, final = tuple(minor), with_minor[0][0]
-        if final > plain * (1 + MARGIN):  # the minor keys too are slower than plain
-            left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
+        if tuned > plain * (1 + MARGIN):
+            if minor:
+                (with_minor, plain_now), = timed(frozenset(minor))
+                if with_minor <= plain_now * (1 + MARGIN):
+                    left, final = tuple(minor), with_minor
+            if not left:  # no minor keys, or with them plain still slower than plain
+                left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
     finally:
         _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
     found = ProgramCheck(plain, tuned, final, len(keys), tuple(left), getattr(timed, "compiles", 0),

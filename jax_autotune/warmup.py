@@ -41,7 +41,9 @@ then take XLA's kept choices.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import time
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -80,6 +82,10 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
     _dce_jaxpr = None
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
+# a warmup's phases, in order (``WarmupReport.seconds``): tracing fn (deciding its attentions
+# too), XLA's GEMM autotuning of the keys' dots in one compile (GPUs), the keys' tunings, the
+# program check
+PHASES = ("trace", "prime", "tune", "check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +110,7 @@ class WarmupReport:
     entries: tuple[WarmupEntry, ...]
     program: ProgramCheck | None = None  # warmup(jat.autotune(fn), ...): the program tuned vs plain
     attention: tuple[AttentionDecision, ...] = ()  # jat.autotune(fn)'s attentions, one per key
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # wall seconds by phase (PHASES)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -120,7 +127,7 @@ class WarmupReport:
         ``winner``; ``us`` the winner's time and ``xla us`` XLA's own op's, in
         microseconds; ``source`` where the decision came from (tuned, memory, store,
         fallback); ``why`` the reason a key runs XLA's op without a benchmark. Then the
-        program check, where there was one."""
+        program check, where there was one, and the seconds of each phase."""
         def us(seconds):
             return f"{seconds * 1e6:.1f}" if seconds else "-"
 
@@ -135,6 +142,8 @@ class WarmupReport:
             lines.append(f"{decision.key.describe()}: {decision.winner} ({times or 'not timed'}) [{decision.source}]")
         if self.program is not None:
             lines.append(str(self.program))
+        if self.seconds:
+            lines.append("warmup: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items()))
         return "\n".join(lines)
 
 
@@ -201,6 +210,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     The settings (mode, level, budget, ...) are read once, here (a bad one: ``ConfigError``).
     """
     policy = config.policy()
+    seconds: dict[str, float] = {}
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
         if grad:  # a training step's keys: its forward under autodiff is not fn's alone
@@ -212,7 +222,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             if not report.entries:
                 _warn_untuned([jax.make_jaxpr(fn)(*example_args) for fn in fns])
             return report
-        with programs_traced() as program_ids, decisions_seen() as attentions:
+        with _phase(seconds, "trace"), programs_traced() as program_ids, decisions_seen() as attentions:
             jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
         work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
         if not work:
@@ -224,16 +234,29 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         work = [(p, p.key(policy.level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
-    entries = _tuned(work, tuner, progress, policy)
+    entries = _tuned(work, tuner, progress, policy, seconds)
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
+    program = None
     if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
-        program = _compared(fns[0], example_args, jaxprs, entries, attentions, program_ids, tuner, policy)
-        return WarmupReport(tuple(entries), program, attention)
-    return WarmupReport(tuple(entries), attention=attention)
+        with _phase(seconds, "check"):
+            program = _compared(fns[0], example_args, jaxprs, entries, attentions, program_ids, tuner, policy)
+    return WarmupReport(tuple(entries), program, attention, seconds)
 
 
-def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy) -> list[WarmupEntry]:
-    """Each key of ``work`` decided (tuned where it must be), in the report's order."""
+@contextlib.contextmanager
+def _phase(seconds: dict[str, float], name: str):
+    """Adds the wall seconds of the block to ``seconds[name]``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy,
+           seconds: dict[str, float]) -> list[WarmupEntry]:
+    """Each key of ``work`` decided (tuned where it must be), in the report's order; the
+    phases' wall seconds (prime, tune) added to ``seconds``."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
@@ -246,8 +269,9 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
     # on a GPU: XLA autotunes every (dense) key's dots in one compile
-    tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
-    with over_keys(len(first_problem), progress, policy.progress) as track, \
+    with _phase(seconds, "prime"):
+        tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
+    with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0], policy)),
                              first_problem.items())
