@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import statistics
@@ -99,15 +100,21 @@ def build(model: str, variant: str, sizes: dict):
 
 
 def tuning_breakdown(decisions) -> dict:
-    """Seconds of the warmup's tunings, summed over keys: all of each tuning, and its
+    """Seconds of the warmup's tunings, summed over keys: all of each tuning, its
     compiles of XLA dots less their waits for the device (XLA's GEMM autotuner runs in
     them with the device held alone: but for their lowering they never overlap, so their
-    sum is close to a floor of the warmup)."""
+    sum is close to a floor of the warmup), every candidate's compiles less their waits and
+    the waits, and how many candidates compiled."""
     tuned = {d.key: d for d in decisions if d.source == "tuned"}.values()
     xla = [r for d in tuned for r in d.results if r.name.startswith(("xla_", "padded_xla_"))]
+    def compiling(results):
+        return sum((r.compile_seconds or 0.0) - (r.compile_wait_seconds or 0.0) for r in results)
+
+    every = [r for d in tuned for r in d.results]
     return {"tuning_s_sum": sum(d.tuning_seconds or 0.0 for d in tuned),
-            "xla_dot_compile_s_sum": sum((r.compile_seconds or 0.0) - (r.compile_wait_seconds or 0.0)
-                                         for r in xla)}
+            "xla_dot_compile_s_sum": compiling(xla), "compile_s_sum": compiling(every),
+            "compile_wait_s_sum": sum(r.compile_wait_seconds or 0.0 for r in every),
+            "candidates_compiled": sum(1 for r in every if r.compile_seconds)}
 
 
 def timed_priming() -> list[dict]:
@@ -156,6 +163,8 @@ def run_variant(args) -> dict:
     case = make_case(args.model, args.variant, sizes_of(args.model, args.size, args.decode_batch),
                      args.param_dtype)
     row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
+    if getattr(args, "key_threads", None):
+        importlib.import_module("jax_autotune.warmup").KEY_THREADS = row["key_threads"] = args.key_threads
     if args.variant not in ("plain", "fused_attention"):  # the others tune
         row.update(timed_warmup(case))
     before = jat.stats()
@@ -188,12 +197,15 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timeout-s", type=float, default=240.0)
+    parser.add_argument("--key-threads", type=int, default=None,
+                        help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
     options = [f"--steps={args.steps}", f"--size={args.size}", f"--param-dtype={args.param_dtype}"]
     options += [f"--decode-batch={args.decode_batch}"] if args.decode_batch else []
+    options += [f"--key-threads={args.key_threads}"] if args.key_threads else []
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
