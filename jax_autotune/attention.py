@@ -364,12 +364,13 @@ def _scalar(const: _Const) -> float | None:
 def _masked(args, out_shape):
     """``select_n(pred, a, b)``: b where pred, else a; one of them the scores, the other a
     very negative fill."""
-    pred, cases = args[0].value, args[1:]
+    pred, cases = _compact(args[0].value), args[1:]
     if pred.dtype != np.bool_:
         raise _NoMatch("a select on a predicate that is not boolean")
     shown = 1 if isinstance(cases[1], _Scores) else 0
     scores, fill = cases[shown], cases[1 - shown]
-    if not isinstance(scores, _Scores) or not isinstance(fill, _Const) or not np.all(fill.value <= VERY_NEGATIVE):
+    if not isinstance(scores, _Scores) or not isinstance(fill, _Const) or \
+            not np.all(_compact(fill.value) <= VERY_NEGATIVE):
         raise _NoMatch("a select that is not a mask with a very negative fill")
     keep = pred if shown == 1 else ~pred
     return _with_keep(scores, keep, out_shape)
@@ -377,16 +378,22 @@ def _masked(args, out_shape):
 
 def _biased(scores: _Scores, bias: np.ndarray, out_shape):
     """Scores plus a bias of 0 (kept) and very negative entries (hidden): a mask."""
-    bias = np.asarray(bias, np.float64)
+    bias = _compact(bias).astype(np.float64)
     if not np.all((bias == 0) | (bias <= VERY_NEGATIVE)):
         raise _NoMatch("an added bias that is not a mask")
     return _with_keep(scores, bias == 0, out_shape)
 
 
 def _with_keep(scores: _Scores, keep, out_shape) -> _Scores:
-    keep = np.broadcast_to(np.asarray(keep, bool), out_shape)
+    """The scores with ``keep`` and any mask they had before: the entries both keep (a
+    compact array that broadcasts to ``out_shape``)."""
+    keep = _compact(np.asarray(keep, bool))
     if scores.keep is not None:
         keep = keep & scores.keep
+    try:
+        np.broadcast_shapes(keep.shape, out_shape)
+    except ValueError as err:
+        raise _NoMatch("a mask of another shape than the scores") from err
     return _Scores(scores.scale, keep)
 
 
@@ -396,7 +403,8 @@ def _causal(keep, shape) -> bool:
     if keep is None or np.all(keep):
         return False
     batch, heads, t, s = shape
-    if t == s and np.array_equal(np.broadcast_to(keep, shape), np.broadcast_to(np.tril(np.ones((t, s), bool)), shape)):
+    keep = np.broadcast_to(keep, np.broadcast_shapes(keep.shape, (1, 1, t, s)))  # the (t, s) dims whole
+    if t == s and np.array_equal(keep, np.broadcast_to(np.tril(np.ones((t, s), bool)), keep.shape)):
         return True
     raise _NoMatch("a mask that is neither none nor causal")
 
@@ -428,12 +436,30 @@ class _Constants:
 
     @staticmethod
     def evaluate(eqn, values) -> _Const:
+        if eqn.primitive.name == "broadcast_in_dim" and len(values) == 1:
+            return _Const(_broadcast(np.asarray(values[0]), eqn.params))
         try:
             with jax.ensure_compile_time_eval():
                 (out, *_) = bind(eqn, values)
             return _Const(np.asarray(out))
         except Exception as err:  # noqa: BLE001 - a constant this walk cannot evaluate: no match
             raise _NoMatch(f"cannot evaluate {eqn.primitive.name}: {err}") from err
+
+
+def _broadcast(value: np.ndarray, params) -> np.ndarray:
+    """``broadcast_in_dim`` of a constant as a read-only numpy view: a mask broadcast to
+    the scores' (batch, heads, t, s) is never materialized (GPT-2's: 100M entries a layer)."""
+    shape, dims = tuple(params["shape"]), tuple(params["broadcast_dimensions"])
+    expanded = [value.shape[dims.index(axis)] if axis in dims else 1 for axis in range(len(shape))]
+    return np.broadcast_to(value.reshape(expanded), shape)
+
+
+def _compact(value) -> np.ndarray:
+    """``value`` with each broadcast axis (stride 0) cut to length 1: the same array under
+    broadcasting, without reading its copies."""
+    value = np.asarray(value)
+    return value[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                       for stride, size in zip(value.strides, value.shape))]
 
 
 # ---------------------------------------------------------------- the fused attention

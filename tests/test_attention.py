@@ -89,6 +89,27 @@ def test_a_mask_closed_over_or_added_as_a_bias_is_read_as_one():
     assert [m.key.causal for m in matches(added, Q, K, V)] == [True]
 
 
+def test_a_mask_broadcast_to_the_scores_is_read_without_a_copy(monkeypatch):
+    """GPT-2's causal mask is (t, s), broadcast to the scores' (batch, heads, t, s) inside
+    jnp.where: the walk reads it as a view of the (t, s) mask (a copy would be 100M entries
+    a layer at GPT-2's size)."""
+    from jax_autotune import attention
+    real, extents = attention._Constants.evaluate, []
+
+    def evaluate(eqn, values):
+        const = real(eqn, values)
+        low, high = getattr(np.lib, "array_utils", np).byte_bounds(const.value)  # numpy 2 moved it
+        extents.append((eqn.primitive.name, high - low))
+        return const
+
+    monkeypatch.setattr(attention._Constants, "evaluate", staticmethod(evaluate))
+    b, h, t = 64, 32, 256  # the scores: 134M entries
+    q = jax.ShapeDtypeStruct((b, t, h, D), BF16)
+    (match,) = matches(causal_attention, q, q, q)
+    assert match.key.causal and match.key.batch == b
+    assert ("broadcast_in_dim", t * t) in extents and max(extent for _, extent in extents) <= 4 * t * t
+
+
 def test_grouped_query_attention_repeated_before_its_dot_is_found():
     kv = numerics.rand(7, B, T, 2, D, dtype="bfloat16")
     (match,) = matches(lambda q, k, v: causal_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
