@@ -4,7 +4,8 @@ For an attention's key (``AttentionKey``) the candidates are the attention as wr
 (its equations, which XLA runs) and the fused implementations of
 ``jax.nn.dot_product_attention`` this device has (``implementations``: cuDNN's on a CUDA
 GPU, for f16/bf16 and head dims up to 128 in multiples of 8). Each is compiled as a
-training step sees it, forward and backward (``jax.vjp`` with a random cotangent), run on
+training step sees it, forward and backward (``jax.vjp`` with a random cotangent; all of
+them at once, on threads), run on
 fresh random q, k and v, checked against a float64 reference on sampled (batch, head)
 slices (output and the three gradients, norm-wise, the dtype's tolerance; twice it for
 gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program is
@@ -25,7 +26,9 @@ decisions only (a miss runs as written: never an error).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import math
 from typing import Callable
 
@@ -43,6 +46,7 @@ from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.correctness import input_tolerance, relative_error
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.policy import Policy
+from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.timing import program_seconds
 
 # platform -> the fused implementations of jax.nn.dot_product_attention tried there
@@ -136,10 +140,10 @@ def tune(tuner, match: Match, names) -> AttentionDecision:
         want = _reference(match, *(np.asarray(a, np.float64) for a in args))
         tol = input_tolerance(match.key.dtype, tuner.device.platform)
         seconds, rejected = {}, {}
-        for name in (AS_WRITTEN, *names):
-            fn = match.written if name == AS_WRITTEN else (lambda q, k, v, name=name: fused(match, q, k, v, name))
+        compiling = _compiling_at_once(match, args, names)
+        for name, program in compiling.items():
             try:
-                compiled = _compiled(fn, args, exclusive=name == AS_WRITTEN)
+                compiled = program.result()
                 got = [np.asarray(x, np.float64) for x in compiled(*args)]
                 errors = [relative_error(g[tuple(want.slices)], w) for g, w in zip(_sliced(match, got), want.values)]
                 limits = [tol] + [tol * GRADIENT_TOLERANCE_FACTOR] * 3
@@ -156,6 +160,21 @@ def tune(tuner, match: Match, names) -> AttentionDecision:
         return AttentionDecision(match.key, AS_WRITTEN, {}, rejected)
     winner = min(seconds, key=lambda n: (seconds[n], n != AS_WRITTEN))
     return AttentionDecision(match.key, winner, seconds, rejected)
+
+
+def _compiling_at_once(match: Match, args, names) -> dict[str, concurrent.futures.Future]:
+    """The attention as written and each fused implementation of ``names``, compiled
+    (``_compiled``) on threads at once: XLA compiles without the GIL, and only the
+    as-written program's compile (XLA's GEMM autotuner) holds the device."""
+    programs = {AS_WRITTEN: match.written}
+    programs.update({name: functools.partial(_fused_by, match, name) for name in names})
+    with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
+        return {name: pool.submit(carrying_x64(_compiled), fn, args, name == AS_WRITTEN)
+                for name, fn in programs.items()}
+
+
+def _fused_by(match: Match, implementation: str, q, k, v):
+    return fused(match, q, k, v, implementation)
 
 
 def _compiled(fn, args, exclusive: bool):

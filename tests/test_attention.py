@@ -229,6 +229,23 @@ def test_the_faster_right_candidate_wins_and_is_kept_for_the_next_process(fusing
     assert [(d.winner, d.source) for d in seen] == [("xla", "store")] and fusing_on_cpu["timed"] == [AS_WRITTEN, "xla"]
 
 
+def test_the_candidates_compile_at_once(fusing_on_cpu, monkeypatch):
+    """The attention as written and the fused one compile on threads side by side: each
+    compile waits for the other to start (a barrier), so one after the other would fail."""
+    import threading
+    started, real = threading.Barrier(2, timeout=60), attention_tuning._compiled
+    threads = set()
+
+    def compiled(fn, args, exclusive):
+        threads.add(threading.get_ident())
+        started.wait()
+        return real(fn, args, exclusive)
+
+    monkeypatch.setattr(attention_tuning, "_compiled", compiled)
+    assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == ["xla"]
+    assert fusing_on_cpu["timed"] == [AS_WRITTEN, "xla"] and len(threads) == 2
+
+
 def test_as_written_stays_where_it_is_faster(fusing_on_cpu):
     fusing_on_cpu["xla"] = 3e-3
     assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == [AS_WRITTEN]
