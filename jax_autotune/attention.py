@@ -1,7 +1,8 @@
 """Softmax attention in a traced program, and the same attention fused.
 
 A model writes attention as two matmuls around a softmax (GPT-2, Llama, ViT, flax's
-``MultiHeadDotProductAttention``)::
+``MultiHeadDotProductAttention``; ``jax.nn.dot_product_attention``'s XLA implementation,
+which flax nnx's ``MultiHeadAttention`` runs, the same with a size-1 query-group axis)::
 
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / head_dim ** 0.5
     weights = jax.nn.softmax(jnp.where(causal_mask, scores, -1e9).astype(jnp.float32))
@@ -10,11 +11,13 @@ A model writes attention as two matmuls around a softmax (GPT-2, Llama, ViT, fla
 XLA runs that as written: the (batch, heads, t, s) scores and weights go through memory
 several times, forward and backward. ``jax.nn.dot_product_attention`` computes the same
 function fused (cuDNN's flash attention on a GPU), never writing them. ``find(jaxpr)``
-recognizes the pattern: the scores' dot, then only scalings by constants, converts, a
+recognizes the pattern: the scores' dot (4-D, or 5-D with queries reshaped to (batch, t,
+heads, 1, head_dim)), then only scalings by constants, transposes, converts, a
 constant mask (``where`` or ``select_n`` with a very negative fill, or an added bias of 0
 and very negative entries), the softmax (as ``jax.nn.softmax`` traces: max, subtract, exp,
 sum, divide, inline or in a ``custom_jvp`` or ``jit``), converts, and the weights' dot
-with v, perhaps a transpose after it; each value read by nothing else. The mask must be
+with v, perhaps transposes and a reshape dropping the size-1 axis after it; each value read
+by nothing else. The mask must be
 none or causal (the lower triangle: query i sees keys 0..i). ``substituted(closed,
 choose)`` traces the program again with each attention whose key ``choose`` gives an
 implementation computed by ``fused`` (or, given ``LEFT_PLAIN``, bound exactly as traced in a
@@ -83,8 +86,9 @@ class Match:
         return self.members[-1]
 
     def written(self, q, k, v):
-        """The attention as the program wrote it: its equations, bound on ``q, k, v``."""
-        env = dict(self.constants)
+        """The attention as the program wrote it: its equations, bound on ``q, k, v`` (a
+        constant a program broadcast, e.g. a mask, broadcast again in the trace)."""
+        env = {atom: jnp.broadcast_to(_compact(value), np.shape(value)) for atom, value in self.constants}
         env.update({self.q: q, self.k: k, self.v: v})
 
         def read(atom):
@@ -107,6 +111,14 @@ class _Scores:
 
     scale: float
     keep: Any  # a bool array broadcast against (B, N, T, S), or None
+    layout: tuple[str, ...] = ("b", "n", "t", "s")  # what each dim of the value is ("g": a size-1 group)
+    origin: Any = None  # the scores' dot's output: the same scores, whatever their layout
+
+    def same(self, other) -> bool:
+        """The same values in the same layout (one may be the other transposed back)."""
+        return self is other or (isinstance(other, _Scores) and other.origin is self.origin is not None
+                                 and (other.scale, other.layout) == (self.scale, self.layout)
+                                 and other.keep is self.keep)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -143,34 +155,76 @@ def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
     return found
 
 
-def _scores_dims(eqn):
-    """(batch dims, free dim, contracting dim) of the scores' dot's lhs and rhs, or raise."""
+def _scores_dims(eqn, group_axis: int | None = None):
+    """(batch dims, free dim, contracting dim) of the scores' dot's lhs and rhs, or raise;
+    ``group_axis``: the lhs's size-1 query-group axis, another free dim (the 5-D product
+    of ``jax.nn.dot_product_attention``'s XLA implementation, heads split as (kv heads, 1)).
+    """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)
-    if len(lc) != 1 or len(rc) != 1 or len(lb) != 2 or len(rb) != 2 or lhs.ndim != 4 or rhs.ndim != 4:
+    if len(lc) != 1 or len(rc) != 1 or len(lb) != 2 or len(rb) != 2 or lhs.ndim != 4 + (group_axis is not None) \
+            or rhs.ndim != 4:
         raise _NoMatch("not a (batch, heads) batched product over one contracting dim")
-    if lhs.dtype != rhs.dtype or not is_floating(lhs.dtype) or not _default_precision(eqn.params.get("precision")):
+    if lhs.dtype != rhs.dtype or not is_floating(lhs.dtype) or \
+            not _default_precision(eqn.params.get("precision"), lhs.dtype):
         raise _NoMatch("operands of two dtypes, not floating, or a precision asked for")
-    free_l = ({0, 1, 2, 3} - set(lb) - set(lc)).pop()
+    free_l = set(range(lhs.ndim)) - set(lb) - set(lc) - {group_axis}
     free_r = ({0, 1, 2, 3} - set(rb) - set(rc)).pop()
-    return (tuple(lb), free_l, lc[0]), (tuple(rb), free_r, rc[0])
+    if len(free_l) != 1:
+        raise _NoMatch("the group axis is not a free dim of the queries")
+    return (tuple(lb), free_l.pop(), lc[0]), (tuple(rb), free_r, rc[0])
 
 
-def _default_precision(precision) -> bool:
-    """None or DEFAULT on both sides: what a fused kernel computes (an asked-for precision
-    or algorithm is a contract only XLA's dot keeps)."""
+# the dot algorithm a fused kernel computes for each input dtype (inputs as they are, f32 sums)
+_FUSED_ALGORITHMS = {"bfloat16": "BF16_BF16_F32", "float16": "F16_F16_F32"}
+
+
+def _default_precision(precision, dtype) -> bool:
+    """None or DEFAULT on both sides, or the algorithm that multiplies ``dtype`` inputs as
+    they are with float32 sums (``jax.nn.dot_product_attention``'s own): what a fused
+    kernel computes (another precision or algorithm is a contract only XLA's dot keeps)."""
+    if isinstance(precision, jax.lax.DotAlgorithmPreset):
+        return precision.name == _FUSED_ALGORITHMS.get(np.dtype(dtype).name)
     return precision is None or (isinstance(precision, tuple)
                                  and all(p is None or p == jax.lax.Precision.DEFAULT for p in precision))
 
 
+def _grouped_queries(eqns, head: int, uses, consts):
+    """(the 4-D queries, the reshape's index, the group axis) where the scores' dot reads
+    them reshaped to 5-D with a size-1 query-group axis (read by that dot alone); None
+    where it reads 4-D queries."""
+    grouped = eqns[head].invars[0]
+    if not isinstance(grouped, Var) or grouped.aval.ndim != 5:
+        return None
+    producer = consts.producer.get(grouped)
+    if producer is None or producer.primitive.name != "reshape" or producer.params.get("dimensions") is not None \
+            or uses.get(grouped) != [head] or not isinstance(producer.invars[0], Var):
+        raise _NoMatch("5-D queries that are not 4-D ones reshaped")
+    queries, shape = producer.invars[0], tuple(grouped.aval.shape)
+    for axis in range(5):
+        if shape[axis] == 1 and shape[:axis] + shape[axis + 1:] == tuple(queries.aval.shape):
+            index = next(i for i, e in enumerate(eqns) if e is producer)
+            return queries, index, axis
+    raise _NoMatch("5-D queries grouped with more than one query head per kv head")
+
+
 def _match(eqns, head: int, uses, outputs, consts) -> Match:
     d1 = eqns[head]
-    (lb, lfree, lc), (rb, rfree, rc) = _scores_dims(d1)
+    grouped = _grouped_queries(eqns, head, uses, consts)
+    group_axis = grouped[2] if grouped else None
+    (lb, lfree, lc), (rb, rfree, rc) = _scores_dims(d1, group_axis)
     q, k = d1.invars
-    batch, heads, t, s = d1.outvars[0].aval.shape
     head_dim = q.aval.shape[lc]
-    kinds: dict[Any, Any] = {d1.outvars[0]: _Scores(1.0, None)}
+    # the scores' dims: batch dims, then the lhs's free dims in order, then the rhs's
+    lhs_free = sorted({lfree} | ({group_axis} if grouped else set()))
+    layout = ("b", "n", *("g" if axis == group_axis else "t" for axis in lhs_free), "s")
+    batch, heads, t, s = (d1.outvars[0].aval.shape[layout.index(label)] for label in "bnts")
+    kinds: dict[Any, Any] = {d1.outvars[0]: _Scores(1.0, None, layout, d1.outvars[0])}
     members = [head]
+    if grouped:
+        q, members = grouped[0], [grouped[1], head]
+        lb, lfree, lc = (tuple(a - (a > group_axis) for a in lb), lfree - (lfree > group_axis),
+                         lc - (lc > group_axis))
     for index in range(head + 1, len(eqns)):
         eqn = eqns[index]
         tracked = [a for a in eqn.invars if isinstance(a, Var) and a in kinds]
@@ -180,15 +234,10 @@ def _match(eqns, head: int, uses, outputs, consts) -> Match:
             d2 = _output_dot(eqn, kinds, (batch, heads, t, s))
             if d2 is None:
                 raise _NoMatch("the scores meet another product")
-            v, v_perm, out_perm, scores = d2
+            v, v_perm, labels, scores = d2
             members.append(index)
-            out = eqn.outvars[0]
-            after = uses.get(out, [])
-            if len(after) == 1 and out not in outputs and eqns[after[0]].primitive.name == "transpose":
-                transpose = eqns[after[0]]
-                perm = tuple(transpose.params["permutation"])
-                members.append(after[0])
-                out, out_perm = transpose.outvars[0], tuple(out_perm[p] for p in perm)
+            out, labels = _output_of(eqns, eqn.outvars[0], labels, uses, outputs, members)
+            out_perm = tuple("btnh".index(label) for label in labels)
             _check_closed(members, kinds, uses, outputs, out, eqns)
             causal = _causal(scores.keep, (batch, heads, t, s))
             key = AttentionKey(batch=batch, heads=heads, t=t, s=s, head_dim=head_dim,
@@ -220,8 +269,8 @@ def _check_closed(members, kinds, uses, outputs, out, eqns) -> None:
 
 
 def _output_dot(eqn, kinds, shape):
-    """(v, v's permutation to (batch, s, heads, head_dim), the permutation of the fused
-    result to this dot's output, the scores) where ``eqn`` is probs . v (either order)."""
+    """(v, v's permutation to (batch, s, heads, head_dim), the labels of this dot's output
+    dims ("b", "t", "n", "h", "g"), the scores) where ``eqn`` is probs . v (either order)."""
     batch, heads, t, s = shape
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = eqn.invars
@@ -232,7 +281,9 @@ def _output_dot(eqn, kinds, shape):
     p_dims, v_dims = ((lc, lb), (rc, rb)) if probs_left else ((rc, rb), (lc, lb))
     v = rhs if probs_left else lhs
     (pc, pb), (vc, vb) = p_dims, v_dims
-    if tuple(pc) != (3,) or tuple(pb) != (0, 1) or len(vc) != 1 or len(vb) != 2 or v.aval.ndim != 4:
+    layout = kinds[lhs if probs_left else rhs].scores.layout
+    if tuple(pc) != (layout.index("s"),) or tuple(pb) != (layout.index("b"), layout.index("n")) or \
+            len(vc) != 1 or len(vb) != 2 or v.aval.ndim != 4:
         return None
     if not isinstance(v, (Var, Literal)) or v.aval.dtype != eqn.invars[0].aval.dtype or \
             eqn.invars[0].aval.dtype != eqn.invars[1].aval.dtype:
@@ -241,10 +292,32 @@ def _output_dot(eqn, kinds, shape):
     v_perm = (vb[0], vc[0], vb[1], v_free)
     if tuple(v.aval.shape[d] for d in v_perm[:3]) != (batch, s, heads):
         return None
-    # the dot's output: batch dims (B, N), then lhs free, then rhs free; from (B, T, N, D)
-    out_perm = (0, 2, 1, 3) if probs_left else (0, 2, 3, 1)
+    # the dot's output: batch dims (B, N), then lhs free, then rhs free
+    probs_free = [label for label in layout if label not in "bns"]
+    labels = ["b", "n", *probs_free, "h"] if probs_left else ["b", "n", "h", *probs_free]
     scores = kinds[lhs if probs_left else rhs].scores
-    return v, v_perm, out_perm, scores
+    return v, v_perm, labels, scores
+
+
+def _output_of(eqns, out, labels, uses, outputs, members):
+    """The attention's output: the product with v, then any transposes and a reshape that
+    drops the size-1 group axis, each read by the next alone (added to ``members``); with
+    the labels of its dims."""
+    while len(after := uses.get(out, [])) == 1 and out not in outputs:
+        eqn = eqns[after[0]]
+        dropped = [label for label in labels if label != "g"]
+        if eqn.primitive.name == "transpose":
+            labels = [labels[p] for p in eqn.params["permutation"]]
+        elif eqn.primitive.name == "reshape" and "g" in labels and eqn.params.get("dimensions") is None and \
+                tuple(eqn.outvars[0].aval.shape) == tuple(n for n, label in zip(out.aval.shape, labels) if label != "g"):
+            labels = dropped
+        else:
+            break
+        members.append(after[0])
+        out = eqn.outvars[0]
+    if "g" in labels:
+        raise _NoMatch("the query-group axis stays in the output")
+    return out, labels
 
 
 def _step(eqn, kinds, consts):
@@ -317,23 +390,32 @@ def _transition(name: str, params, args, out_shape):
         return args[0]
     if name == "stop_gradient" and len(args) == 1 and isinstance(args[0], _Part) and args[0].stage == "max":
         return args[0]
+    if name == "transpose" and len(args) == 1 and isinstance(args[0], _Scores):
+        scores = args[0]
+        return dataclasses.replace(scores, layout=tuple(scores.layout[p] for p in params["permutation"]))
+    if name == "transpose" and len(args) == 1 and isinstance(args[0], _Part) and args[0].stage in ("max", "sum") \
+            and args[0].scores.layout[-1] == "s":  # a row max or sum, moved as its scores will be
+        scores = args[0].scores
+        layout = tuple(scores.layout[p] for p in params["permutation"]) + ("s",)
+        return _Part(args[0].stage, dataclasses.replace(scores, layout=layout))
     if name == "select_n" and len(args) == 3 and isinstance(args[0], _Const) and len(kinds) == 1:
         return _masked(args, out_shape)
     if name in ("add", "add_any") and len(args) == 2 and len(kinds) == 1 and isinstance(kinds[0], _Scores):
         bias = args[1] if isinstance(args[1], _Const) else args[0]
         return _biased(kinds[0], bias.value, out_shape)
     if name == "sub" and len(args) == 2 and isinstance(args[0], _Scores) and isinstance(args[1], _Part) \
-            and args[1].stage == "max" and args[1].scores is args[0]:
+            and args[1].stage == "max" and args[1].scores.same(args[0]):
         return _Part("shifted", args[0])
     if name == "div" and len(args) == 2 and isinstance(args[0], _Part) and args[0].stage == "exp" \
-            and isinstance(args[1], _Part) and args[1].stage == "sum" and args[1].scores is args[0].scores:
+            and isinstance(args[1], _Part) and args[1].stage == "sum" and args[1].scores.same(args[0].scores):
         return _Part("probs", args[0].scores)
     if len(kinds) != 1 or not isinstance(kinds[0], (_Scores, _Part)):
         raise _NoMatch(f"{name} of the attention's values")
     value = kinds[0]
     scores = value if isinstance(value, _Scores) else value.scores
     stage = value.stage if isinstance(value, _Part) else "scores"
-    if name == "reduce_max" and stage == "scores" and tuple(params["axes"]) == (len(out_shape),):
+    if name == "reduce_max" and stage == "scores" and tuple(params["axes"]) == (len(out_shape),) == \
+            (scores.layout.index("s"),):
         return _Part("max", scores)
     if name == "max" and stage == "max" and _is_minus_inf(args):
         return value
@@ -388,13 +470,18 @@ def _with_keep(scores: _Scores, keep, out_shape) -> _Scores:
     """The scores with ``keep`` and any mask they had before: the entries both keep (a
     compact array that broadcasts to ``out_shape``)."""
     keep = _compact(np.asarray(keep, bool))
-    if scores.keep is not None:
-        keep = keep & scores.keep
     try:
+        keep = np.broadcast_to(keep, np.broadcast_shapes(keep.shape, tuple(1 for _ in out_shape)))
         np.broadcast_shapes(keep.shape, out_shape)
     except ValueError as err:
         raise _NoMatch("a mask of another shape than the scores") from err
-    return _Scores(scores.scale, keep)
+    # in (B, N, T, S) order, the size-1 group axis dropped
+    keep = np.transpose(keep, [scores.layout.index(label) for label in "bnts"] +
+                        [axis for axis, label in enumerate(scores.layout) if label == "g"])
+    keep = keep.reshape(keep.shape[:4])
+    if scores.keep is not None:
+        keep = keep & scores.keep
+    return _Scores(scores.scale, keep, scores.layout)
 
 
 def _causal(keep, shape) -> bool:
@@ -427,7 +514,7 @@ class _Constants:
         found = None
         eqn = self.producer.get(atom)
         if eqn is not None and atom not in self.invars and not eqn.effects and len(eqn.outvars) == 1 \
-                and math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS:
+                and (eqn.primitive.name in _ON_THE_HOST or math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS):
             args = [self.value(a) for a in eqn.invars]
             if all(a is not None for a in args):
                 found = self.evaluate(eqn, [a.value for a in args])
@@ -436,8 +523,11 @@ class _Constants:
 
     @staticmethod
     def evaluate(eqn, values) -> _Const:
-        if eqn.primitive.name == "broadcast_in_dim" and len(values) == 1:
-            return _Const(_broadcast(np.asarray(values[0]), eqn.params))
+        on_the_host = _ON_THE_HOST.get(eqn.primitive.name)
+        if on_the_host is not None and len(values) == on_the_host[0]:
+            value = on_the_host[1](eqn.params, *(np.asarray(v) for v in values))
+            if value is not None:
+                return _Const(np.broadcast_to(value, tuple(eqn.outvars[0].aval.shape)))
         try:
             with jax.ensure_compile_time_eval():
                 (out, *_) = bind(eqn, values)
@@ -452,6 +542,25 @@ def _broadcast(value: np.ndarray, params) -> np.ndarray:
     shape, dims = tuple(params["shape"]), tuple(params["broadcast_dimensions"])
     expanded = [value.shape[dims.index(axis)] if axis in dims else 1 for axis in range(len(shape))]
     return np.broadcast_to(value.reshape(expanded), shape)
+
+
+def _logical(op):
+    """A boolean op on compact operands (None for other dtypes: evaluated by JAX)."""
+    def apply(params, *values):
+        return op(*map(_compact, values)) if all(v.dtype == np.bool_ for v in values) else None
+    return apply
+
+
+# constants computed in numpy, as views or on compact operands, whatever their size: the
+# masks a program broadcasts to the scores' shape (primitive -> (operands, how))
+_ON_THE_HOST = {
+    "broadcast_in_dim": (1, lambda params, x: _broadcast(x, params)),
+    "transpose": (1, lambda params, x: np.transpose(x, params["permutation"])),
+    "convert_element_type": (1, lambda params, x: _compact(x).astype(np.dtype(params["new_dtype"]))),
+    "and": (2, _logical(np.logical_and)),
+    "or": (2, _logical(np.logical_or)),
+    "not": (1, _logical(np.logical_not)),
+}
 
 
 def _compact(value) -> np.ndarray:

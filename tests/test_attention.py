@@ -89,10 +89,12 @@ def test_a_mask_closed_over_or_added_as_a_bias_is_read_as_one():
     assert [m.key.causal for m in matches(added, Q, K, V)] == [True]
 
 
-def test_a_mask_broadcast_to_the_scores_is_read_without_a_copy(monkeypatch):
+@pytest.mark.parametrize("written", ["einsums", "jax_xla"])
+def test_a_mask_broadcast_to_the_scores_is_read_without_a_copy(monkeypatch, written):
     """GPT-2's causal mask is (t, s), broadcast to the scores' (batch, heads, t, s) inside
-    jnp.where: the walk reads it as a view of the (t, s) mask (a copy would be 100M entries
-    a layer at GPT-2's size)."""
+    jnp.where (jax.nn.dot_product_attention's XLA implementation also ands it with a
+    broadcast True): the walk reads it as a view of the (t, s) mask (a copy would be 100M
+    entries a layer at GPT-2's size)."""
     from jax_autotune import attention
     real, extents = attention._Constants.evaluate, []
 
@@ -105,7 +107,7 @@ def test_a_mask_broadcast_to_the_scores_is_read_without_a_copy(monkeypatch):
     monkeypatch.setattr(attention._Constants, "evaluate", staticmethod(evaluate))
     b, h, t = 64, 32, 256  # the scores: 134M entries
     q = jax.ShapeDtypeStruct((b, t, h, D), BF16)
-    (match,) = matches(causal_attention, q, q, q)
+    (match,) = matches(causal_attention if written == "einsums" else jax_xla_causal, q, q, q)
     assert match.key.causal and match.key.batch == b
     assert ("broadcast_in_dim", t * t) in extents and max(extent for _, extent in extents) <= 4 * t * t
 
@@ -115,6 +117,43 @@ def test_grouped_query_attention_repeated_before_its_dot_is_found():
     (match,) = matches(lambda q, k, v: causal_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)),
                        Q, kv, kv)
     assert match.key.heads == H
+
+
+def jax_xla_causal(q, k, v):
+    """jax.nn.dot_product_attention's own XLA implementation (what flax nnx runs): a 5-D
+    scores product (heads as (kv heads, 1 group)) under the BF16_BF16_F32 algorithm."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
+def jax_xla_masked(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, mask=jnp.tril(jnp.ones((B, 1, T, T), bool)))
+
+
+def jax_xla_unmasked(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, scale=0.25)
+
+
+def test_jax_nn_dot_product_attentions_xla_implementation_is_found():
+    for fn, causal, scale in ((jax_xla_causal, True, D ** -0.5), (jax_xla_masked, True, D ** -0.5),
+                              (jax_xla_unmasked, False, 0.25)):
+        (match,) = matches(fn, Q, K, V)
+        assert match.key == AttentionKey(batch=B, heads=H, t=T, s=T, head_dim=D, dtype="bfloat16", causal=causal)
+        assert match.scale == pytest.approx(scale, rel=1e-6) and match.out_perm == (0, 1, 2, 3)
+        assert match.q.aval.shape == (B, T, H, D)  # the queries before their 5-D reshape
+    # several query heads per kv head (grouped-query attention): not read as one yet
+    assert matches(lambda q, k, v: jax.nn.dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True),
+                   Q, K, V) == []
+
+
+def test_flax_nnx_multi_head_attention_is_found_causal():
+    from flax import nnx
+    x = numerics.rand(5, B, T, 32, dtype="bfloat16")
+    mha = nnx.MultiHeadAttention(num_heads=H, in_features=32, rngs=nnx.Rngs(0), param_dtype=BF16, dtype=BF16,
+                                 decode=False)
+    mask = nnx.make_causal_mask(jnp.ones((B, T), jnp.int32))
+    (causal,) = matches(lambda x: mha(x, mask=mask), x)
+    (plain,) = matches(lambda x: mha(x), x)
+    assert causal.key.causal and not plain.key.causal and causal.key.heads == H
 
 
 @pytest.mark.parametrize("fn", [
@@ -136,7 +175,7 @@ def test_the_attention_as_written_is_the_programs_own():
     np.testing.assert_array_equal(np.asarray(match.written(Q, K, V)), np.asarray(causal_attention(Q, K, V)))
 
 
-@pytest.mark.parametrize("fn", [causal_attention, heads_first_attention])
+@pytest.mark.parametrize("fn", [causal_attention, heads_first_attention, jax_xla_causal, jax_xla_unmasked])
 def test_substituted_gives_the_attention_and_its_gradients(fn):
     closed = jax.make_jaxpr(fn)(Q, K, V)
     fused = substituted(closed, lambda match: "xla")
