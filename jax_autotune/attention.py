@@ -147,7 +147,7 @@ def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
             continue
         try:
             match = _match(jaxpr.eqns, index, uses, outputs, consts)
-        except _NoMatch:
+        except Exception:  # noqa: BLE001 - not this pattern (_NoMatch), or one the walk cannot read
             continue
         if not claimed.intersection(match.members):
             claimed.update(match.members)
@@ -201,7 +201,8 @@ def _grouped_queries(eqns, head: int, uses, consts):
             or uses.get(grouped) != [head] or not isinstance(producer.invars[0], Var):
         raise _NoMatch("5-D queries that are not 4-D ones reshaped")
     queries, shape = producer.invars[0], tuple(grouped.aval.shape)
-    for axis in range(5):
+    (contracting, _), (batch, _) = eqns[head].params["dimension_numbers"]
+    for axis in sorted(set(range(5)) - set(contracting) - set(batch)):  # the group axis is a free one
         if shape[axis] == 1 and shape[:axis] + shape[axis + 1:] == tuple(queries.aval.shape):
             index = next(i for i, e in enumerate(eqns) if e is producer)
             return queries, index, axis
@@ -329,7 +330,7 @@ def _step(eqn, kinds, consts):
     args = [kinds.get(a) if isinstance(a, Var) and a in kinds else consts.value(a) for a in eqn.invars]
     if any(a is None for a in args):
         raise _NoMatch(f"{name} reads a value that is not constant")
-    return _transition(name, eqn.params, args, tuple(eqn.outvars[0].aval.shape))
+    return _transition(name, eqn.params, args, tuple(eqn.outvars[0].aval.shape), _shapes(eqn))
 
 
 def _flattened(eqn, kinds, consts):
@@ -365,7 +366,7 @@ def _flattened(eqn, kinds, consts):
             raise _NoMatch("a body nested twice")
         else:
             inner[sub.outvars[0]] = _transition(sub.primitive.name, sub.params, args,
-                                                tuple(sub.outvars[0].aval.shape))
+                                                tuple(sub.outvars[0].aval.shape), _shapes(sub))
     out = body.outvars[0]
     result = inner.get(out) if isinstance(out, Var) else None
     if result is None or isinstance(result, _Const):
@@ -373,17 +374,38 @@ def _flattened(eqn, kinds, consts):
     return result
 
 
-def _transition(name: str, params, args, out_shape):
-    """The pattern's one step: ``name`` applied to ``args`` (kinds and constants)."""
+def _shapes(eqn) -> list[tuple[int, ...]]:
+    return [tuple(np.shape(a.val)) if isinstance(a, Literal) else tuple(a.aval.shape) for a in eqn.invars]
+
+
+def _transition(name: str, params, args, out_shape, in_shapes):
+    """The pattern's one step: ``name`` applied to ``args`` (kinds and constants, of
+    ``in_shapes``); a step that keeps the scores keeps their shape (a mask or bias that
+    broadcasts them is another computation)."""
+    result = _step_of(name, params, args, out_shape, in_shapes)
+    if isinstance(result, _Scores) and name != "transpose" and any(
+            isinstance(a, _Scores) and shape != out_shape for a, shape in zip(args, in_shapes)):
+        raise _NoMatch(f"{name} broadcasts the scores")
+    return result
+
+
+def _row_shape(shape, scores_shape) -> bool:
+    """A row max or sum shaped to meet the scores: their shape with the keys' (last) axis 1."""
+    return tuple(shape) == tuple(scores_shape[:-1]) + (1,)
+
+
+def _step_of(name: str, params, args, out_shape, in_shapes):
     kinds = [a for a in args if not isinstance(a, _Const)]
     if name in ("mul", "div") and len(args) == 2 and isinstance(args[0], _Scores) and isinstance(args[1], _Const):
         factor = _scalar(args[1])
         if factor is None or factor == 0 or not math.isfinite(factor):
             raise _NoMatch("a scaling by a value that is not a finite non-zero scalar")
         scores = args[0]
+        if scores.keep is not None:  # it would scale the mask's fill too, which might then not hide
+            raise _NoMatch("a scaling after the mask")
         return dataclasses.replace(scores, scale=scores.scale * (factor if name == "mul" else 1.0 / factor))
     if name == "mul" and len(args) == 2 and isinstance(args[1], _Scores) and isinstance(args[0], _Const):
-        return _transition("mul", params, [args[1], args[0]], out_shape)
+        return _step_of("mul", params, [args[1], args[0]], out_shape, in_shapes[::-1])
     if name == "convert_element_type" and len(args) == 1:
         if not is_floating(params["new_dtype"]):
             raise _NoMatch("a convert to a type that is not floating")
@@ -394,7 +416,8 @@ def _transition(name: str, params, args, out_shape):
         scores = args[0]
         return dataclasses.replace(scores, layout=tuple(scores.layout[p] for p in params["permutation"]))
     if name == "transpose" and len(args) == 1 and isinstance(args[0], _Part) and args[0].stage in ("max", "sum") \
-            and args[0].scores.layout[-1] == "s":  # a row max or sum, moved as its scores will be
+            and args[0].scores.layout[-1] == "s" and len(params["permutation"]) == len(args[0].scores.layout) - 1:
+        # a row max or sum (the scores' dims but the keys'), moved as its scores will be
         scores = args[0].scores
         layout = tuple(scores.layout[p] for p in params["permutation"]) + ("s",)
         return _Part(args[0].stage, dataclasses.replace(scores, layout=layout))
@@ -404,10 +427,11 @@ def _transition(name: str, params, args, out_shape):
         bias = args[1] if isinstance(args[1], _Const) else args[0]
         return _biased(kinds[0], bias.value, out_shape)
     if name == "sub" and len(args) == 2 and isinstance(args[0], _Scores) and isinstance(args[1], _Part) \
-            and args[1].stage == "max" and args[1].scores.same(args[0]):
+            and args[1].stage == "max" and args[1].scores.same(args[0]) and _row_shape(in_shapes[1], in_shapes[0]):
         return _Part("shifted", args[0])
     if name == "div" and len(args) == 2 and isinstance(args[0], _Part) and args[0].stage == "exp" \
-            and isinstance(args[1], _Part) and args[1].stage == "sum" and args[1].scores.same(args[0].scores):
+            and isinstance(args[1], _Part) and args[1].stage == "sum" and args[1].scores.same(args[0].scores) \
+            and _row_shape(in_shapes[1], in_shapes[0]):
         return _Part("probs", args[0].scores)
     if len(kinds) != 1 or not isinstance(kinds[0], (_Scores, _Part)):
         raise _NoMatch(f"{name} of the attention's values")
@@ -419,10 +443,10 @@ def _transition(name: str, params, args, out_shape):
         return _Part("max", scores)
     if name == "max" and stage == "max" and _is_minus_inf(args):
         return value
-    if name == "broadcast_in_dim" and stage in ("max", "sum"):
-        return value
-    if name == "reshape" and stage in ("max", "sum"):
-        return value
+    if name in ("broadcast_in_dim", "reshape") and stage in ("max", "sum") and \
+            out_shape == in_shapes[0] + (1,) and tuple(params.get("broadcast_dimensions", range(len(out_shape) - 1))) \
+            == tuple(range(len(out_shape) - 1)) and params.get("dimensions") is None:
+        return value  # a row max or sum given the keys' axis back, of size 1
     if name == "exp" and stage == "shifted":
         return _Part("exp", scores)
     if name == "reduce_sum" and stage == "exp" and tuple(params["axes"]) == (len(out_shape),):
@@ -502,8 +526,13 @@ class _Constants:
 
     def __init__(self, jaxpr: Jaxpr, consts=()):
         self.producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
-        self.known: dict[Any, Any] = {var: _Const(np.asarray(value)) for var, value in zip(jaxpr.constvars, consts)
-                                      if np.size(value) <= _CONST_MAX_ELEMENTS}
+        self.known: dict[Any, Any] = {}
+        for var, value in zip(jaxpr.constvars, consts):
+            try:
+                if np.size(value) <= _CONST_MAX_ELEMENTS:
+                    self.known[var] = _Const(np.asarray(value))
+            except (TypeError, ValueError):  # a value numpy cannot hold (a typed PRNG key): unknown
+                continue
         self.invars = set(jaxpr.invars) | set(jaxpr.constvars)
 
     def value(self, atom) -> _Const | None:
@@ -514,7 +543,8 @@ class _Constants:
         found = None
         eqn = self.producer.get(atom)
         if eqn is not None and atom not in self.invars and not eqn.effects and len(eqn.outvars) == 1 \
-                and (eqn.primitive.name in _ON_THE_HOST or math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS):
+                and (eqn.primitive.name in _VIEWS or eqn.primitive.name in _ELEMENTWISE
+                     or math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS):
             args = [self.value(a) for a in eqn.invars]
             if all(a is not None for a in args):
                 found = self.evaluate(eqn, [a.value for a in args])
@@ -523,11 +553,25 @@ class _Constants:
 
     @staticmethod
     def evaluate(eqn, values) -> _Const:
-        on_the_host = _ON_THE_HOST.get(eqn.primitive.name)
-        if on_the_host is not None and len(values) == on_the_host[0]:
-            value = on_the_host[1](eqn.params, *(np.asarray(v) for v in values))
-            if value is not None:
-                return _Const(np.broadcast_to(value, tuple(eqn.outvars[0].aval.shape)))
+        """``eqn`` on constant ``values``: a broadcast or transpose as a numpy view, an
+        elementwise op by JAX on the operands' compact forms (their broadcast copies never
+        read), anything else by JAX, up to ``_CONST_MAX_ELEMENTS``."""
+        name, shape = eqn.primitive.name, tuple(eqn.outvars[0].aval.shape)
+        if name in _VIEWS and len(values) == 1:
+            return _Const(_VIEWS[name](np.asarray(values[0]), eqn.params))
+        if name in _ELEMENTWISE:
+            compact = [_compact(v) for v in values]
+            common = np.broadcast_shapes(*(c.shape for c in compact))
+            if math.prod(common) > _CONST_MAX_ELEMENTS:
+                raise _NoMatch(f"a constant {name} too large to evaluate")
+            out = _Constants._bound(eqn, [np.broadcast_to(c, common) for c in compact])
+            return _Const(np.broadcast_to(out.value, shape))
+        if math.prod(shape) > _CONST_MAX_ELEMENTS:
+            raise _NoMatch(f"a constant {name} too large to evaluate")
+        return _Constants._bound(eqn, values)
+
+    @staticmethod
+    def _bound(eqn, values) -> _Const:
         try:
             with jax.ensure_compile_time_eval():
                 (out, *_) = bind(eqn, values)
@@ -544,23 +588,11 @@ def _broadcast(value: np.ndarray, params) -> np.ndarray:
     return np.broadcast_to(value.reshape(expanded), shape)
 
 
-def _logical(op):
-    """A boolean op on compact operands (None for other dtypes: evaluated by JAX)."""
-    def apply(params, *values):
-        return op(*map(_compact, values)) if all(v.dtype == np.bool_ for v in values) else None
-    return apply
-
-
-# constants computed in numpy, as views or on compact operands, whatever their size: the
-# masks a program broadcasts to the scores' shape (primitive -> (operands, how))
-_ON_THE_HOST = {
-    "broadcast_in_dim": (1, lambda params, x: _broadcast(x, params)),
-    "transpose": (1, lambda params, x: np.transpose(x, params["permutation"])),
-    "convert_element_type": (1, lambda params, x: _compact(x).astype(np.dtype(params["new_dtype"]))),
-    "and": (2, _logical(np.logical_and)),
-    "or": (2, _logical(np.logical_or)),
-    "not": (1, _logical(np.logical_not)),
-}
+# constants read as numpy views, whatever their size (a mask a program broadcasts to the
+# scores' shape), and the elementwise ops evaluated on their operands' compact forms
+_VIEWS = {"broadcast_in_dim": _broadcast,
+          "transpose": lambda value, params: np.transpose(value, params["permutation"])}
+_ELEMENTWISE = frozenset({"convert_element_type", "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge"})
 
 
 def _compact(value) -> np.ndarray:

@@ -168,9 +168,14 @@ def _compiling_at_once(match: Match, args, names) -> dict[str, concurrent.future
     as-written program's compile (XLA's GEMM autotuner) holds the device."""
     programs = {AS_WRITTEN: match.written}
     programs.update({name: functools.partial(_fused_by, match, name) for name in names})
+    device = jax.config.jax_default_device  # a thread's setting (jax.default_device): carried over
+
+    def compiled(fn, exclusive):
+        with jax.default_device(device):
+            return _compiled(fn, args, exclusive)
+
     with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
-        return {name: pool.submit(carrying_x64(_compiled), fn, args, name == AS_WRITTEN)
-                for name, fn in programs.items()}
+        return {name: pool.submit(carrying_x64(compiled), fn, name == AS_WRITTEN) for name, fn in programs.items()}
 
 
 def _fused_by(match: Match, implementation: str, q, k, v):

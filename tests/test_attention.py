@@ -170,6 +170,63 @@ def test_what_is_not_plain_softmax_attention_is_not_found(fn):
     assert matches(fn, Q, K, V) == []
 
 
+def _softmax_by_hand(scores, max_of=None, sum_of=None):
+    """exp(scores - row max) / row sum, the max and sum shaped by ``max_of`` / ``sum_of``."""
+    e = jnp.exp(scores - (max_of or (lambda m: m[..., None]))(jnp.max(scores, -1)))
+    return e / (sum_of or (lambda t: t[..., None]))(e.sum(-1))
+
+
+TRIL = np.tril(np.ones((T, T), bool))
+
+
+@pytest.mark.parametrize("fn", [
+    # a row max or row sum laid along the keys' axis, or reshaped there
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", _softmax_by_hand(
+        jnp.einsum("bqhd,bkhd->bhqk", q, k), max_of=lambda m: m[:, :, None, :]), v),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", _softmax_by_hand(
+        jnp.einsum("bqhd,bkhd->bhqk", q, k), sum_of=lambda t: t[:, :, None, :]), v),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", _softmax_by_hand(
+        jnp.einsum("bqhd,bkhd->bhqk", q, k), sum_of=lambda t: t.reshape(B, H, 1, T)), v),
+    # a scaling after the mask scales its fill: -1e9 * -1 hides nothing
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+        jnp.where(TRIL, jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9) * -1.0), v),
+    # a bias that broadcasts the scores (one query row to T)
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+        jnp.einsum("bqhd,bkhd->bhqk", q[:, :1], k) + np.zeros((1, 1, T, T), np.float32)), v),
+    # a row max of rank 5, transposed (the walk once raised here)
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", _softmax_by_hand(
+        jnp.einsum("bqhd,bkhd->bhqk", q, k),
+        max_of=lambda m: jnp.transpose(m[..., None, None], (0, 1, 2, 4, 3))[..., 0]), v),
+])
+def test_look_alikes_of_softmax_attention_are_not_found(fn):
+    assert matches(fn, Q, K, V) == []
+
+
+def test_a_mask_converted_as_lax_converts_is_read_as_lax_computes_it():
+    """A mask built through converts lax and numpy disagree on (out of range, NaN): read
+    as lax computes it."""
+    def keep_of(fill, dtype):
+        bias = np.where(TRIL, 0.0, fill).astype(np.float32)
+
+        def fn(q, k, v):
+            keep = jnp.asarray(bias).astype(dtype) == 0
+            scores = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9)
+            return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), v)
+        return fn
+
+    (int8,) = matches(keep_of(-1e9, jnp.int8), Q, K, V)  # lax: -1e9 -> -128, hidden: causal
+    (nan,) = matches(keep_of(np.nan, jnp.int32), Q, K, V)  # lax: nan -> 0, kept: no mask
+    assert int8.key.causal and not nan.key.causal
+
+
+def test_a_closed_over_prng_key_and_one_head_of_jaxs_attention():
+    key = jax.random.key(0)
+    with_key = lambda q, k, v: causal_attention(q, k, v) + jax.random.normal(key, Q.shape, BF16)  # noqa: E731
+    assert [m.key.causal for m in matches(with_key, Q, K, V)] == [True]
+    (one_head,) = matches(jax_xla_causal, Q[:, :, :1], K[:, :, :1], V[:, :, :1])
+    assert one_head.key.heads == 1 and one_head.key.causal
+
+
 def test_the_attention_as_written_is_the_programs_own():
     (match,) = matches(causal_attention, Q, K, V)
     np.testing.assert_array_equal(np.asarray(match.written(Q, K, V)), np.asarray(causal_attention(Q, K, V)))
@@ -270,19 +327,23 @@ def test_the_faster_right_candidate_wins_and_is_kept_for_the_next_process(fusing
 
 def test_the_candidates_compile_at_once(fusing_on_cpu, monkeypatch):
     """The attention as written and the fused one compile on threads side by side: each
-    compile waits for the other to start (a barrier), so one after the other would fail."""
+    compile waits for the other to start (a barrier), so one after the other would fail;
+    each thread compiles for the device the caller chose (``jax.default_device``)."""
     import threading
     started, real = threading.Barrier(2, timeout=60), attention_tuning._compiled
-    threads = set()
+    threads, devices = set(), []
 
     def compiled(fn, args, exclusive):
         threads.add(threading.get_ident())
+        devices.append(jax.config.jax_default_device)
         started.wait()
         return real(fn, args, exclusive)
 
     monkeypatch.setattr(attention_tuning, "_compiled", compiled)
-    assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == ["xla"]
+    with jax.default_device(jax.devices()[0]):
+        assert [w for _, w in fused_keys(jat.autotune(causal_attention), Q, K, V)] == ["xla"]
     assert fusing_on_cpu["timed"] == [AS_WRITTEN, "xla"] and len(threads) == 2
+    assert devices == [jax.devices()[0]] * 2
 
 
 def test_as_written_stays_where_it_is_faster(fusing_on_cpu):
