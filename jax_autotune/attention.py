@@ -505,7 +505,7 @@ def _with_keep(scores: _Scores, keep, out_shape) -> _Scores:
     keep = keep.reshape(keep.shape[:4])
     if scores.keep is not None:
         keep = keep & scores.keep
-    return _Scores(scores.scale, keep, scores.layout)
+    return dataclasses.replace(scores, keep=keep)
 
 
 def _causal(keep, shape) -> bool:

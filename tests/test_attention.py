@@ -133,6 +133,20 @@ def jax_xla_unmasked(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, scale=0.25)
 
 
+def test_a_row_max_transposed_back_after_the_mask_is_read():
+    """The scores masked, then their row max taken in one layout and moved to another (as
+    jax.nn.dot_product_attention's unmasked form moves it), meet again: one attention."""
+    def fn(q, k, v):
+        s = jnp.where(TRIL, jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9)  # (b, h, q, k)
+        st = jnp.transpose(s, (1, 0, 2, 3))  # (h, b, q, k)
+        m = jnp.transpose(jnp.max(s, -1), (1, 0, 2))[..., None]
+        e = jnp.exp(st - m)
+        return jnp.einsum("hbqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v)
+
+    (match,) = matches(fn, Q, K, V)
+    assert match.key.causal
+
+
 def test_jax_nn_dot_product_attentions_xla_implementation_is_found():
     for fn, causal, scale in ((jax_xla_causal, True, D ** -0.5), (jax_xla_masked, True, D ** -0.5),
                               (jax_xla_unmasked, False, 0.25)):
