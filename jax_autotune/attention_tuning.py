@@ -10,8 +10,9 @@ fresh random q, k and v, checked against a float64 reference on sampled (batch, 
 slices (output and the three gradients, norm-wise, the dtype's tolerance; twice it for
 gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program is
 checked too: where it disagrees with the reference, the pattern was misread and nothing is
-fused. The fastest right one wins; the decision is kept (``tuning.attention_decisions``)
-and the next process reads it.
+fused. The fastest right one wins; the decision is kept by key
+(``tuning.attention_decisions``) and the next process reads it, unchecked: another
+attention of the same key takes it, so ``attention.find`` must read each one right.
 
     >>> choose = choice(config.compile_policy())   # at a trace of an autotuned function
     >>> choose(match)                               # 'cudnn', or None: as written
