@@ -1,7 +1,7 @@
 """Training and decode steps of five models, plain against tuned: warmup cost, first step, step time.
 
     python benchmarks/model_step.py --out benchmarks/results [--models gpt2,llama,vit,decode,moe]
-        [--variants plain,layers,autotune[,fused_attention,autotune_fused_attention]] [--param-dtype float32|bfloat16] [--size real|tiny]
+        [--variants plain,layers,autotune[,fused_attention,autotune_fused_attention,jax_attention,...]] [--param-dtype float32|bfloat16] [--size real|tiny]
         [--decode-batch 8..64] [--steps 10] [--timeout-s 240]
 
 * ``gpt2``: GPT-2-small in flax linen, 12 layers, d 768, 12 heads, vocabulary 50257 (an
@@ -31,7 +31,11 @@ after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks e
 * ``fused_attention`` (not run by default): the plain model with its attention written as
   ``jax.nn.dot_product_attention`` (cuDNN's fused attention on a GPU; causal or unmasked
   attention only, so decode keeps its einsums), the peer a JAX user writes by hand;
-  ``autotune_fused_attention``: that model through ``jat.autotune``.
+  ``autotune_fused_attention``: that model through ``jat.autotune``;
+* ``jax_attention`` (not run by default): the same with ``jax.nn.dot_product_attention``
+  naming no implementation (JAX's XLA one, what flax nnx's attention runs), and
+  ``autotune_jax_attention``: that model through ``jat.autotune``, which fuses it where
+  each kv head serves one query head (GPT-2, ViT; Llama's grouped queries stay as written).
 For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds (decode: ``jat.warmup(
 decode, params, cache, tokens, pos)``), the first step after warmup (compile only: the
 tuner must tune nothing), the median of the next steps, the first losses (decode: the mean
@@ -55,7 +59,9 @@ import time
 
 from report import child_result, write_results
 
-VARIANTS = ("plain", "layers", "autotune", "fused_attention", "autotune_fused_attention")
+VARIANTS = ("plain", "layers", "autotune", "fused_attention", "autotune_fused_attention", "jax_attention",
+            "autotune_jax_attention")
+UNTUNED = ("plain", "fused_attention", "jax_attention")  # the variants that warm up nothing
 DEFAULT_VARIANTS = ("plain", "layers", "autotune")
 PARAM_DTYPES = ("float32", "bfloat16")
 _LLAMA = dict(layers=8, d=2048, heads=16, kv_heads=4, hidden=5632, vocab=32003)
@@ -165,7 +171,7 @@ def run_variant(args) -> dict:
     row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
     if getattr(args, "key_threads", None):
         importlib.import_module("jax_autotune.warmup").KEY_THREADS = row["key_threads"] = args.key_threads
-    if args.variant not in ("plain", "fused_attention"):  # the others tune
+    if args.variant not in UNTUNED:
         row.update(timed_warmup(case))
     before = jat.stats()
     start = time.perf_counter()

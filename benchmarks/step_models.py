@@ -70,7 +70,7 @@ def train_parts(model: str, variant: str, sizes: dict):
         >>> module, loss, optimizer, step = train_parts("llama", "plain", sizes)
     """
     extra = {"ragged": layer_ragged_dot(variant)} if model == "moe" else {}
-    module = BUILDERS[model](layer_dot(variant), **extra, **sizes, fused_attention=fuses_attention(variant))
+    module = BUILDERS[model](layer_dot(variant), **extra, **sizes, attention_by=attention_by(variant))
 
     def loss(params, batch):
         inputs, targets = batch
@@ -155,10 +155,15 @@ def layer_dot(variant: str) -> Callable:
     return jat.dot_general if variant == "layers" else jax.lax.dot_general
 
 
-def fuses_attention(variant: str) -> bool:
-    """Whether ``variant``'s attention is ``jax.nn.dot_product_attention`` (the
-    ``*fused_attention`` variants: what a JAX user writes for cuDNN's fused attention)."""
-    return variant.endswith("fused_attention")
+def attention_by(variant: str) -> str | None:
+    """How ``variant``'s attention is written: None, as two einsums around a softmax;
+    "cudnn", ``jax.nn.dot_product_attention`` with cuDNN's implementation on a GPU (the
+    ``*fused_attention`` variants: what a JAX user writes for cuDNN's fused attention);
+    "jax", ``jax.nn.dot_product_attention`` with no implementation named (the
+    ``*jax_attention`` variants: JAX's XLA implementation, what flax nnx's attention runs)."""
+    if variant.endswith("fused_attention"):
+        return "cudnn"
+    return "jax" if variant.endswith("jax_attention") else None
 
 
 def tuned_whole(variant: str) -> bool:
@@ -171,19 +176,20 @@ def dense_layer(dot: Callable, bias: bool) -> Callable:
     return lambda features, name: nn.Dense(features, use_bias=bias, dtype=BF16, dot_general=dot, name=name)
 
 
-def attention(q, k, v, mask=None, fused: bool = False):
+def attention(q, k, v, mask=None, by: str | None = None):
     """Softmax attention, (batch, t, heads * head_dim) bf16, of q (batch, t, heads,
     head_dim) over k, v (batch, s, kv_heads, head_dim): each key-value head serves
     heads // kv_heads query heads; ``mask`` (broadcast to (batch, heads, t, s)) keeps
-    where true, ``"causal"`` is the lower triangle (t == s), None keeps all. ``fused``:
-    through ``jax.nn.dot_product_attention`` (cuDNN's fused attention on a GPU), where
-    the mask is causal or none; else as written, two einsums around a softmax.
+    where true, ``"causal"`` is the lower triangle (t == s), None keeps all. ``by``
+    (``attention_by``): "cudnn" or "jax", through ``jax.nn.dot_product_attention`` (cuDNN's
+    implementation on a GPU, or JAX's default), where the mask is causal or none; else as
+    written, two einsums around a softmax.
 
         >>> attention(q, k, v, "causal")
     """
     b, t, heads, head_dim = q.shape
-    if fused and (mask is None or isinstance(mask, str)):
-        implementation = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    if by and (mask is None or isinstance(mask, str)):
+        implementation = "cudnn" if by == "cudnn" and jax.default_backend() == "gpu" else None
         out = jax.nn.dot_product_attention(q, k, v, is_causal=mask is not None, implementation=implementation)
         return out.reshape(b, t, heads * head_dim)
     if k.shape[2] != heads:  # grouped-query
@@ -197,7 +203,7 @@ def attention(q, k, v, mask=None, fused: bool = False):
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(BF16), v).reshape(b, t, heads * head_dim)
 
 
-def pre_ln_block(dot: Callable, *, d: int, heads: int, hidden: int, causal: bool, fused_attention: bool = False):
+def pre_ln_block(dot: Callable, *, d: int, heads: int, hidden: int, causal: bool, attention_by: str | None = None):
     """The GPT-2 / ViT block class: LayerNorm, fused qkv, attention (causal or not), proj;
     LayerNorm, GELU MLP of ``hidden``; both residual."""
     dense = dense_layer(dot, bias=True)
@@ -208,20 +214,20 @@ def pre_ln_block(dot: Callable, *, d: int, heads: int, hidden: int, causal: bool
             b, t, _ = x.shape
             h = nn.LayerNorm(dtype=BF16)(x)
             q, k, v = jnp.split(dense(3 * d, "qkv")(h).reshape(b, t, 3 * heads, d // heads), 3, axis=2)
-            x = x + dense(d, "proj")(attention(q, k, v, "causal" if causal else None, fused_attention))
+            x = x + dense(d, "proj")(attention(q, k, v, "causal" if causal else None, attention_by))
             h = nn.LayerNorm(dtype=BF16)(x)
             return x + dense(d, "down")(nn.gelu(dense(hidden, "up")(h)))
 
     return Block
 
 
-def gpt2(dot, *, layers: int, d: int, heads: int, vocab: int, seq: int, fused_attention: bool = False, **_):
+def gpt2(dot, *, layers: int, d: int, heads: int, vocab: int, seq: int, attention_by: str | None = None, **_):
     """GPT-2: token and learned position embeddings, causal blocks, an untied head;
     tokens (batch, seq) -> logits (batch, seq, vocab).
 
         >>> gpt2(jax.lax.dot_general, layers=12, d=768, heads=12, vocab=50257, seq=1024)
     """
-    block = pre_ln_block(dot, d=d, heads=heads, hidden=4 * d, causal=True, fused_attention=fused_attention)
+    block = pre_ln_block(dot, d=d, heads=heads, hidden=4 * d, causal=True, attention_by=attention_by)
     dense = dense_layer(dot, bias=True)
 
     class GPT(nn.Module):
@@ -237,14 +243,14 @@ def gpt2(dot, *, layers: int, d: int, heads: int, vocab: int, seq: int, fused_at
 
 
 def vit(dot, *, layers: int, d: int, heads: int, mlp: int, image: int, patch: int, classes: int,
-        fused_attention: bool = False, **_):
+        attention_by: str | None = None, **_):
     """ViT: images (batch, image, image, 3) cut into (image // patch)**2 patches of
     patch * patch * 3, a Dense to d, a class token in front, learned positions,
     bidirectional blocks, a head on the class token -> logits (batch, classes).
 
         >>> vit(jax.lax.dot_general, layers=12, d=768, heads=12, mlp=3072, image=224, patch=16, classes=1000)
     """
-    block = pre_ln_block(dot, d=d, heads=heads, hidden=mlp, causal=False, fused_attention=fused_attention)
+    block = pre_ln_block(dot, d=d, heads=heads, hidden=mlp, causal=False, attention_by=attention_by)
     dense = dense_layer(dot, bias=True)
     grid = image // patch
 
@@ -304,7 +310,7 @@ def moe(dot, *, ragged=jax.lax.ragged_dot, experts: int, top_k: int, d: int, hid
 
 
 def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, vocab: int, ffn=None,
-          fused_attention: bool = False, **_):
+          attention_by: str | None = None, **_):
     """Llama-style: RMSNorm, grouped-query attention, SwiGLU, no biases, an untied head.
     ``apply(params, tokens)`` -> logits (batch, t, vocab), causal over the tokens;
     ``apply(params, tokens, cache, pos)`` -> (logits, cache): each layer writes the tokens'
@@ -328,7 +334,7 @@ def llama(dot, *, layers: int, d: int, heads: int, kv_heads: int, hidden: int, v
                 k, v = (jax.lax.dynamic_update_slice(c, z.astype(c.dtype), (0, pos, 0, 0))
                         for c, z in zip(cache, (k, v)))
                 mask = jnp.arange(k.shape[1])[None, :] <= pos + jnp.arange(t)[:, None]  # (t, s) causal
-            x = x + dense(d, "o")(attention(q, k, v, mask, fused_attention))
+            x = x + dense(d, "o")(attention(q, k, v, mask, attention_by))
             h = nn.RMSNorm(dtype=BF16)(x)
             if ffn is not None:
                 x = x + ffn(name="experts")(h)
