@@ -166,7 +166,7 @@ def _scores_dims(eqn, group_axis: int | None = None):
             or rhs.ndim != 4:
         raise _NoMatch("not a (batch, heads) batched product over one contracting dim")
     if lhs.dtype != rhs.dtype or not is_floating(lhs.dtype) or \
-            not _default_precision(eqn.params.get("precision"), lhs.dtype):
+            not _fusable_precision(eqn.params.get("precision"), lhs.dtype):
         raise _NoMatch("operands of two dtypes, not floating, or a precision asked for")
     free_l = set(range(lhs.ndim)) - set(lb) - set(lc) - {group_axis}
     free_r = ({0, 1, 2, 3} - set(rb) - set(rc)).pop()
@@ -179,7 +179,7 @@ def _scores_dims(eqn, group_axis: int | None = None):
 _FUSED_ALGORITHMS = {"bfloat16": "BF16_BF16_F32", "float16": "F16_F16_F32"}
 
 
-def _default_precision(precision, dtype) -> bool:
+def _fusable_precision(precision, dtype) -> bool:
     """None or DEFAULT on both sides, or the algorithm that multiplies ``dtype`` inputs as
     they are with float32 sums (``jax.nn.dot_product_attention``'s own): what a fused
     kernel computes (another precision or algorithm is a contract only XLA's dot keeps)."""
@@ -306,12 +306,12 @@ def _output_of(eqns, out, labels, uses, outputs, members):
     the labels of its dims."""
     while len(after := uses.get(out, [])) == 1 and out not in outputs:
         eqn = eqns[after[0]]
-        dropped = [label for label in labels if label != "g"]
+        dropped = tuple(n for n, label in zip(out.aval.shape, labels) if label != "g")
         if eqn.primitive.name == "transpose":
             labels = [labels[p] for p in eqn.params["permutation"]]
         elif eqn.primitive.name == "reshape" and "g" in labels and eqn.params.get("dimensions") is None and \
-                tuple(eqn.outvars[0].aval.shape) == tuple(n for n, label in zip(out.aval.shape, labels) if label != "g"):
-            labels = dropped
+                tuple(eqn.outvars[0].aval.shape) == dropped:
+            labels = [label for label in labels if label != "g"]
         else:
             break
         members.append(after[0])
@@ -542,9 +542,7 @@ class _Constants:
             return self.known[atom]
         found = None
         eqn = self.producer.get(atom)
-        if eqn is not None and atom not in self.invars and not eqn.effects and len(eqn.outvars) == 1 \
-                and (eqn.primitive.name in _VIEWS or eqn.primitive.name in _ELEMENTWISE
-                     or math.prod(atom.aval.shape) <= _CONST_MAX_ELEMENTS):
+        if eqn is not None and atom not in self.invars and not eqn.effects and len(eqn.outvars) == 1:
             args = [self.value(a) for a in eqn.invars]
             if all(a is not None for a in args):
                 found = self.evaluate(eqn, [a.value for a in args])

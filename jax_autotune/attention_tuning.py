@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import math
 from typing import Callable
 
@@ -168,7 +167,7 @@ def _compiling_at_once(match: Match, args, names) -> dict[str, concurrent.future
     (``_compiled``) on threads at once: XLA compiles without the GIL, and only the
     as-written program's compile (XLA's GEMM autotuner) holds the device."""
     programs = {AS_WRITTEN: match.written}
-    programs.update({name: functools.partial(_fused_by, match, name) for name in names})
+    programs.update({name: (lambda q, k, v, name=name: fused(match, q, k, v, name)) for name in names})
     device = jax.config.jax_default_device  # a thread's setting (jax.default_device): carried over
 
     def compiled(fn, exclusive):
@@ -177,10 +176,6 @@ def _compiling_at_once(match: Match, args, names) -> dict[str, concurrent.future
 
     with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
         return {name: pool.submit(carrying_x64(compiled), fn, name == AS_WRITTEN) for name, fn in programs.items()}
-
-
-def _fused_by(match: Match, implementation: str, q, k, v):
-    return fused(match, q, k, v, implementation)
 
 
 def _compiled(fn, args, exclusive: bool):
