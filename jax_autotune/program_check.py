@@ -13,9 +13,11 @@ plain in that program:
 * the keys are ordered by what their tunings claim to gain in the program
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
-* the tuned and the plain programs compile at once; where tuned is no slower, that is
-  all (an extra trial with the minor keys plain beside them gained nothing on GPT-2 or
-  Llama on an H100 and cost a third whole-program compile: ``benchmarks/results/``);
+* the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
+  one compiles earlier, while the keys tune: ``plain_compiling``); where tuned is no
+  slower, that is all (an extra trial with the minor keys plain beside them gained
+  nothing on GPT-2 or Llama on an H100 and cost a third whole-program compile:
+  ``benchmarks/results/``);
 * where tuned is slower, the minor keys, the shortest-claiming prefix whose claims together
   are at most ``MINOR_SHARE`` of all the keys' claims, are tried left plain first: a claim
   measured on a key alone does not count the copies and lost fusions a custom call costs
@@ -44,6 +46,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import statistics
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -191,11 +194,28 @@ def _leave(program_ids: set[str], tuner, keys: frozenset, persist: bool) -> None
         programs.remember(tuner, program, record, persist=persist)
 
 
+def plain_compiling(target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
+                    keys) -> "_WallClock":
+    """The wall clock ``check`` takes as ``measure``, its plain program (every one of
+    ``keys`` left plain) lowered and compiled on a thread from now: ``warmup`` starts it
+    before the keys tune, which it does not need (on a GPU, whose timings the host's load
+    does not skew). Pass it to ``check``, or ``close()`` it.
+
+        >>> clock = program_check.plain_compiling(step, args, program_ids, tuner, keys)
+        >>> ...                                       # tune the keys meanwhile
+        >>> program_check.check(step, args, program_ids, uses, gains, tuner, measure=clock)
+    """
+    clock = _WallClock(target, args, program_ids, tuner, frozenset(keys))
+    clock.start_plain()
+    return clock
+
+
 class _WallClock:
     """Compiles ``target`` with sets of keys left plain (``programs``, in memory only) and
     times each against the plain program (every key left plain), interleaved: the median
     wall time of ``ROUNDS`` runs each, every run waited for. Each set is compiled and
-    timed once; the sets of one call, and the plain program on the first, compile at once."""
+    timed once; the sets of one call, and the plain program on the first, compile at once
+    (unless ``start_plain`` compiles the plain program earlier, on a thread)."""
 
     def __init__(self, target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
                  every_key: frozenset):
@@ -203,11 +223,29 @@ class _WallClock:
         self.program_ids, self.tuner, self.every_key = program_ids, tuner, every_key
         self.compiles = 0
         self._plain = None
+        self._plain_future: concurrent.futures.Future | None = None
+        self._lowering = threading.Lock()  # one lowering at a time: each reads its set from ``programs``
         self._timed: dict[frozenset, tuple[float, float]] = {}
 
+    def start_plain(self) -> None:
+        """Lower and compile the plain program on a thread; ``_time`` takes it from there."""
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.compiles += 1
+        self._plain_future = pool.submit(carrying_x64(lambda: self._lowered(self.every_key).compile()))
+        pool.shutdown(wait=False)  # returns at once; the thread runs on
+
+    def close(self) -> None:
+        """Wait for a plain compile ``start_plain`` began (a check that compiles nothing)."""
+        if self._plain_future is not None:
+            self._plain_future.exception()
+
     def _lowered(self, left: frozenset):
-        _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
-        return jax.jit(lambda *a: self.target(*a)).lower(*self.args)
+        with self._lowering:
+            _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
+            try:
+                return jax.jit(lambda *a: self.target(*a)).lower(*self.args)
+            finally:  # between lowerings, the program as tuned (never a trial's set)
+                _leave(self.program_ids, self.tuner, frozenset(), persist=False)
 
     def _compiled(self, *lowered):
         """Each of ``lowered`` compiled, at once on threads: XLA compiles without the GIL."""
@@ -224,10 +262,14 @@ class _WallClock:
         return [self._timed[left] for left in lefts]
 
     def _time(self, lefts: list[frozenset]) -> None:
-        sets = ([self.every_key] if self._plain is None else []) + lefts
-        compiled = self._compiled(*(self._lowered(left) for left in sets))
-        if self._plain is None:
-            self._plain, compiled = compiled[0], compiled[1:]
+        if self._plain is None and self._plain_future is not None:
+            compiled = self._compiled(*(self._lowered(left) for left in lefts))
+            self._plain = self._plain_future.result()
+        else:
+            sets = ([self.every_key] if self._plain is None else []) + lefts
+            compiled = self._compiled(*(self._lowered(left) for left in sets))
+            if self._plain is None:
+                self._plain, compiled = compiled[0], compiled[1:]
         executables = [*compiled, self._plain]
         for program in executables * 2:  # untimed: caches, allocations
             jax.block_until_ready(program(*self.args))
@@ -257,4 +299,4 @@ def _concrete(args):
     return jax.tree_util.tree_map(leaf, args)
 
 
-__all__ = ["ProgramCheck", "check", "claimed_order", "stored", "MARGIN", "MINOR_SHARE"]
+__all__ = ["ProgramCheck", "check", "claimed_order", "plain_compiling", "stored", "MARGIN", "MINOR_SHARE"]

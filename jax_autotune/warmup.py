@@ -234,12 +234,19 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         work = [(p, p.key(policy.level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
+    checks = (callable(shapes_or_fn) and compare and policy.tunes and bool(program_ids)
+              and platform in (None, jax.default_backend()))
+    uses = _uses(jaxprs, attentions) if checks else {}
+    clock = None
+    if uses and tuner.timer.measures_device_time and program_check.stored(program_ids, tuner, len(uses)) is None:
+        # the plain program needs no decision: it compiles while the keys tune
+        clock = program_check.plain_compiling(fns[0], example_args, program_ids, tuner, uses)
     entries = _tuned(work, tuner, progress, policy, seconds)
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     program = None
-    if callable(shapes_or_fn) and compare and program_ids and platform in (None, jax.default_backend()):
+    if checks:
         with _phase(seconds, "check"):
-            program = _compared(fns[0], example_args, jaxprs, entries, attentions, program_ids, tuner, policy)
+            program = _compared(fns[0], example_args, uses, entries, attentions, program_ids, tuner, clock)
     return WarmupReport(tuple(entries), program, attention, seconds)
 
 
@@ -283,30 +290,39 @@ def _tuner_of(key: MatmulKey, tuner):
     return ragged_tuner_for(tuner.device.platform) if key.groups else tuner
 
 
-def _compared(target, args, jaxprs, entries, attentions, program_ids, tuner,
-              policy: Policy) -> ProgramCheck | None:
-    """The program tuned against plain (``program_check``); an earlier check's result when
-    nothing was tuned now; None under a mode that tunes nothing. Its keys: the tuned
+def _uses(jaxprs, attentions) -> dict:
+    """The program check's keys and how many times the program uses each: the tuned
     matmuls' and the fused attentions' (``attentions``: the decisions the trace used, one
     per attention; left plain, an attention runs as written)."""
-    if not policy.tunes:
-        return None
     uses: dict = {}
     for eqn in (e for jaxpr in jaxprs for e in equations(jaxpr)):
         if eqn.primitive in TUNED_PRIMITIVES:
             uses[eqn.params["key"]] = uses.get(eqn.params["key"], 0) + 1
-    fused = [d for d in attentions if d.fused]
-    for decision in fused:
-        uses[decision.key] = uses.get(decision.key, 0) + 1
-    if not any(e.source == Source.TUNED for e in entries) and not any(d.source == "tuned" for d in fused):
-        earlier = program_check.stored(program_ids, tuner, len(uses))
-        if earlier is not None:
-            return earlier
-    gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
-             if e.xla_seconds is not None and e.winner_seconds is not None}
-    gains.update({d.key: d.gain_seconds for d in fused})
-    xla_won = frozenset(e.key for e in entries if e.winner in (XLA_DOT_NAME, XLA_RAGGED_NAME))
-    return program_check.check(target, args, program_ids, uses, gains, tuner, xla_won=xla_won)
+    for decision in attentions:
+        if decision.fused:
+            uses[decision.key] = uses.get(decision.key, 0) + 1
+    return uses
+
+
+def _compared(target, args, uses, entries, attentions, program_ids, tuner,
+              clock) -> ProgramCheck | None:
+    """The program tuned against plain (``program_check``), its keys ``uses``; an earlier
+    check's result when nothing was tuned now. ``clock``: the check's measure, its plain
+    program compiling since before the keys tuned (``program_check.plain_compiling``), or None."""
+    try:
+        fused = [d for d in attentions if d.fused]
+        if not any(e.source == Source.TUNED for e in entries) and not any(d.source == "tuned" for d in fused):
+            earlier = program_check.stored(program_ids, tuner, len(uses))
+            if earlier is not None:
+                return earlier
+        gains = {e.key: e.xla_seconds - e.winner_seconds for e in entries
+                 if e.xla_seconds is not None and e.winner_seconds is not None}
+        gains.update({d.key: d.gain_seconds for d in fused})
+        xla_won = frozenset(e.key for e in entries if e.winner in (XLA_DOT_NAME, XLA_RAGGED_NAME))
+        return program_check.check(target, args, program_ids, uses, gains, tuner, measure=clock, xla_won=xla_won)
+    finally:
+        if clock is not None:  # a check that compiled nothing: its plain compile ends here
+            clock.close()
 
 
 def _warn_untuned(jaxprs) -> None:

@@ -5,6 +5,7 @@ a key left plain is lax's dot in the traced program, the next process reads it f
 store, and warmup reports what it compared.
 """
 
+import threading
 import time
 
 import jax
@@ -172,6 +173,40 @@ def test_warmup_compares_the_training_step_and_a_second_warmup_reads_the_check(f
     grads = jax.jit(jax.grad(step))(params, X)
     for got, want in zip(grads, jax.grad(loss)(params, X)):
         np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5)
+
+
+def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fresh_tuning, monkeypatch):
+    def loss(params, x):
+        return jnp.mean(mlp(x, *params) ** 2)
+
+    tuner = tuner_for("cpu")
+    monkeypatch.setattr(tuner.timer, "measures_device_time", True)  # as a GPU's: host load does not skew it
+    plain_lowering = threading.Event()
+    lowered, select = program_check._WallClock._lowered, tuner.select
+
+    def lowering(clock, left):
+        if left == clock.every_key:
+            plain_lowering.set()
+        return lowered(clock, left)
+
+    def selecting(*args, **kwargs):  # each key tunes only once the plain program is under way
+        assert plain_lowering.wait(timeout=30), "the plain program waited for the keys' tuning"
+        return select(*args, **kwargs)
+
+    monkeypatch.setattr(program_check._WallClock, "_lowered", lowering)
+    monkeypatch.setattr(tuner, "select", selecting)
+    step, params = jat.autotune(loss), (W1, W2, B)
+    check = jat.warmup(step, params, X, grad=True).program
+    assert check.source in ("checked", "xla")
+    if check.source == "checked":  # the plain program compiled once, the tuned one beside it
+        assert check.compiles == 2 and check.plain_seconds > 0 and check.tuned_seconds > 0
+    assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
+
+
+def programs_seen(fn, params):
+    with programs_traced() as seen:
+        jax.make_jaxpr(jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x))))(params, X)
+    return seen
 
 
 def test_the_wall_clock_compiles_and_times_the_program_tuned_and_plain(fresh_tuning):
