@@ -6,24 +6,24 @@ folds into its own dot become copies around it, and XLA fuses across a dot what 
 fuse across a custom call. ``warmup(jat.autotune(fn), *args, grad=...)`` therefore ends with
 ``check``: it compiles the whole program (``fn``, or the training step
 ``jax.value_and_grad``) tuned and plain (every dot left to lax), times both, interleaved,
-by the wall clock around each run (what a training loop sees), and when tuned is slower
-than plain by more than ``MARGIN`` it finds the keys that cost it and leaves their dots
-plain in that program:
+by the wall clock around each run (what a training loop sees), and unless tuned is faster
+than plain by at least ``MARGIN`` it finds the keys that cost it and leaves their dots
+plain in that program (a program whose keys gain nothing measurable runs as written):
 
 * the keys are ordered by what their tunings claim to gain in the program
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
 * the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
-  one compiles earlier, while the keys tune: ``plain_compiling``); where tuned is no
-  slower, that is all (an extra trial with the minor keys plain beside them gained
+  one compiles earlier, while the keys tune: ``plain_compiling``); where tuned is
+  faster, that is all (an extra trial with the minor keys plain beside them gained
   nothing on GPT-2 or Llama on an H100 and cost a third whole-program compile:
   ``benchmarks/results/``);
-* where tuned is slower, the minor keys, the shortest-claiming prefix whose claims together
+* where tuned is not faster, the minor keys, the shortest-claiming prefix whose claims together
   are at most ``MINOR_SHARE`` of all the keys' claims, are tried left plain first: a claim
   measured on a key alone does not count the copies and lost fusions a custom call costs
   the program, which are of the size of a minor key's claim;
-* when that is still slower than plain, the keys are left plain as a longer prefix of the
-  order, the shortest with which the program is no slower than plain (a binary search:
+* when that is still not faster than plain, the keys are left plain as a longer prefix of the
+  order, the shortest with which the program is faster than plain (a binary search:
   about log2(keys) compiles; leaving every key plain *is* the plain program);
 * a softmax attention ``jat.autotune`` fused is one of the program's keys too (its
   ``AttentionKey``, claiming what its decision measured against it as written): left
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import statistics
 import threading
 import time
@@ -58,8 +59,10 @@ from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import programs
 from jax_autotune.tuning.threads import carrying_x64
 
-MARGIN = 0.01  # tuned may be this much slower than plain and count as no slower (timing noise)
-ROUNDS = 7  # timed runs of each program, interleaved, after two untimed ones
+MARGIN = 0.01  # tuned must be this much faster than plain to count as faster (timing noise)
+ROUNDS = 7  # timed runs of each program at least, interleaved, after two untimed ones
+TIMED_SECONDS = 1.0  # the timed rounds fill about this much: a short program's median rests on more runs
+MAX_ROUNDS = 100
 MINOR_SHARE = 0.1  # the minor keys claim at most this share of all keys' claims together
 
 
@@ -121,12 +124,12 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     try:
         (tuned, plain), = timed(frozenset())
         left, final = (), tuned
-        if tuned > plain * (1 + MARGIN):
+        if not _faster(tuned, plain):
             if minor:
                 (with_minor, plain_now), = timed(frozenset(minor))
-                if with_minor <= plain_now * (1 + MARGIN):
+                if _faster(with_minor, plain_now):
                     left, final = tuple(minor), with_minor
-            if not left:  # no minor keys, or with them plain still slower than plain
+            if not left:  # no minor keys, or with them plain still not faster than plain
                 left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
     finally:
         _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
@@ -175,17 +178,23 @@ def stored(program_ids: set[str], tuner, keys: int) -> ProgramCheck | None:
 def _shortest_prefix(keys: list[MatmulKey], timed: Measure, plain: float,
                      low: int = 1) -> tuple[list[MatmulKey], float]:
     """The shortest prefix of ``keys``, of at least ``low``, whose dots left plain make the
-    program no slower than plain (all of them is the plain program itself), and the
+    program faster than plain (all of them is the plain program itself), and the
     program's time with it."""
     high, seconds_at_high = len(keys), plain
     while low < high:
         middle = (low + high) // 2
         (seconds, plain_now), = timed(frozenset(keys[:middle]))
-        if seconds <= plain_now * (1 + MARGIN):
+        if _faster(seconds, plain_now):
             high, seconds_at_high = middle, seconds
         else:
             low = middle + 1
     return keys[:high], seconds_at_high
+
+
+def _faster(seconds: float, plain: float) -> bool:
+    """Whether a program's ``seconds`` beat ``plain``'s by ``MARGIN`` at least: a gain within
+    the timing noise is none, and the program as written risks nothing."""
+    return seconds * (1 + MARGIN) <= plain
 
 
 def _leave(program_ids: set[str], tuner, keys: frozenset, persist: bool) -> None:
@@ -213,7 +222,8 @@ def plain_compiling(target: Callable, args: Sequence[Any], program_ids: set[str]
 class _WallClock:
     """Compiles ``target`` with sets of keys left plain (``programs``, in memory only) and
     times each against the plain program (every key left plain), interleaved: the median
-    wall time of ``ROUNDS`` runs each, every run waited for. Each set is compiled and
+    wall time of ``ROUNDS`` runs each or more (as many as fill ``TIMED_SECONDS``, at most
+    ``MAX_ROUNDS``), every run waited for. Each set is compiled and
     timed once; the sets of one call, and the plain program on the first, compile at once
     (unless ``start_plain`` compiles the plain program earlier, on a thread)."""
 
@@ -271,10 +281,14 @@ class _WallClock:
             if self._plain is None:
                 self._plain, compiled = compiled[0], compiled[1:]
         executables = [*compiled, self._plain]
-        for program in executables * 2:  # untimed: caches, allocations
+        for program in executables:  # untimed: caches, allocations
             jax.block_until_ready(program(*self.args))
+        start = time.perf_counter()
+        for program in executables:  # untimed too: how long a round takes
+            jax.block_until_ready(program(*self.args))
+        rounds = min(MAX_ROUNDS, max(ROUNDS, math.ceil(TIMED_SECONDS / (time.perf_counter() - start))))
         runs: list[list[float]] = [[] for _ in executables]
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for which, program in enumerate(executables):
                 start = time.perf_counter()
                 jax.block_until_ready(program(*self.args))
