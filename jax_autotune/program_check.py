@@ -14,7 +14,7 @@ plain in that program (a program whose keys gain nothing measurable runs as writ
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
 * the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
-  one compiles earlier, while the keys tune: ``plain_compiling``); where tuned is
+  one compiles earlier, while the keys tune: ``WallClock.start_plain``); where tuned is
   faster, that is all (an extra trial with the minor keys plain beside them gained
   nothing on GPT-2 or Llama on an H100 and cost a third whole-program compile:
   ``benchmarks/results/``);
@@ -57,6 +57,7 @@ import numpy as np
 from jax_autotune.dtypes import is_floating
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import programs
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.threads import carrying_x64
 
 MARGIN = 0.01  # tuned must be this much faster than plain to count as faster (timing noise)
@@ -111,7 +112,7 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     the keys whose winner is XLA's dot. When that is every key, the tuned program could
     only add layout ops to plain's: every key is left plain without compiling anything.
     ``measure(*sets)`` compiles the program with each set of keys left plain and times
-    each beside the plain program (default: the wall clock, ``_WallClock``)."""
+    each beside the plain program (default: the wall clock, ``WallClock``)."""
     started = time.perf_counter()
     keys = claimed_order(uses, gains)
     if keys and set(keys) <= xla_won:
@@ -119,7 +120,7 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
         for program in program_ids:
             programs.remember(tuner, program, record)
         return ProgramCheck(0.0, 0.0, 0.0, len(keys), tuple(keys), 0, time.perf_counter() - started, "xla")
-    timed = measure or _WallClock(target, args, program_ids, tuner, frozenset(keys))
+    timed = measure or WallClock(target, args, program_ids, tuner, frozenset(keys))
     minor = _minor(keys, uses, gains)
     try:
         (tuned, plain), = timed(frozenset())
@@ -203,29 +204,21 @@ def _leave(program_ids: set[str], tuner, keys: frozenset, persist: bool) -> None
         programs.remember(tuner, program, record, persist=persist)
 
 
-def plain_compiling(target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
-                    keys) -> "_WallClock":
-    """The wall clock ``check`` takes as ``measure``, its plain program (every one of
-    ``keys`` left plain) lowered and compiled on a thread from now: ``warmup`` starts it
-    before the keys tune, which it does not need (on a GPU, whose timings the host's load
-    does not skew). Pass it to ``check``, or ``close()`` it.
-
-        >>> clock = program_check.plain_compiling(step, args, program_ids, tuner, keys)
-        >>> ...                                       # tune the keys meanwhile
-        >>> program_check.check(step, args, program_ids, uses, gains, tuner, measure=clock)
-    """
-    clock = _WallClock(target, args, program_ids, tuner, frozenset(keys))
-    clock.start_plain()
-    return clock
-
-
-class _WallClock:
+class WallClock:
     """Compiles ``target`` with sets of keys left plain (``programs``, in memory only) and
     times each against the plain program (every key left plain), interleaved: the median
     wall time of ``ROUNDS`` runs each or more (as many as fill ``TIMED_SECONDS``, at most
     ``MAX_ROUNDS``), every run waited for. Each set is compiled and
-    timed once; the sets of one call, and the plain program on the first, compile at once
-    (unless ``start_plain`` compiles the plain program earlier, on a thread)."""
+    timed once; the sets of one call, and the plain program on the first, compile at once,
+    unless ``start_plain`` compiled the plain program earlier, on a thread: ``warmup``
+    starts it as the keys start tuning, since it needs no decision (on a GPU, whose
+    timings the host's load does not skew). Pass the clock to ``check`` as ``measure``,
+    or ``close()`` it.
+
+        >>> clock = WallClock(step, args, program_ids, tuner, frozenset(keys))
+        >>> clock.start_plain()                       # then tune the keys meanwhile
+        >>> check(step, args, program_ids, uses, gains, tuner, measure=clock)
+    """
 
     def __init__(self, target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
                  every_key: frozenset):
@@ -238,10 +231,17 @@ class _WallClock:
         self._timed: dict[frozenset, tuple[float, float]] = {}
 
     def start_plain(self) -> None:
-        """Lower and compile the plain program on a thread; ``_time`` takes it from there."""
+        """Lower and compile the plain program on a thread; ``_time`` takes it from there.
+        The compile holds the device alone (``DEVICE_LOCK``): XLA's GEMM autotuner times
+        the program's dots on the device meanwhile, as it does in a candidate's compile."""
+        def plain():
+            lowered = self._lowered(self.every_key)
+            with DEVICE_LOCK.exclusive():
+                return lowered.compile()
+
         pool = concurrent.futures.ThreadPoolExecutor(1)
         self.compiles += 1
-        self._plain_future = pool.submit(carrying_x64(lambda: self._lowered(self.every_key).compile()))
+        self._plain_future = pool.submit(carrying_x64(plain))
         pool.shutdown(wait=False)  # returns at once; the thread runs on
 
     def close(self) -> None:
@@ -313,4 +313,4 @@ def _concrete(args):
     return jax.tree_util.tree_map(leaf, args)
 
 
-__all__ = ["ProgramCheck", "check", "claimed_order", "plain_compiling", "stored", "MARGIN", "MINOR_SHARE"]
+__all__ = ["ProgramCheck", "check", "claimed_order", "WallClock", "stored", "MARGIN", "MINOR_SHARE"]

@@ -240,8 +240,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     clock = None
     if uses and tuner.timer.measures_device_time and program_check.stored(program_ids, tuner, len(uses)) is None:
         # the plain program needs no decision: it compiles while the keys tune
-        clock = program_check.plain_compiling(fns[0], example_args, program_ids, tuner, uses)
-    entries = _tuned(work, tuner, progress, policy, seconds)
+        clock = program_check.WallClock(fns[0], example_args, program_ids, tuner, frozenset(uses))
+    entries = _tuned(work, tuner, progress, policy, seconds, then=clock.start_plain if clock else None)
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     program = None
     if checks:
@@ -261,9 +261,10 @@ def _phase(seconds: dict[str, float], name: str):
 
 
 def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy,
-           seconds: dict[str, float]) -> list[WarmupEntry]:
+           seconds: dict[str, float], then: Callable[[], None] | None = None) -> list[WarmupEntry]:
     """Each key of ``work`` decided (tuned where it must be), in the report's order; the
-    phases' wall seconds (prime, tune) added to ``seconds``."""
+    phases' wall seconds (prime, tune) added to ``seconds``. ``then()`` is called between
+    the phases: after XLA's autotuning of every key's dots, which holds the device alone."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
@@ -278,6 +279,8 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
     # on a GPU: XLA autotunes every (dense) key's dots in one compile
     with _phase(seconds, "prime"):
         tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
+    if then is not None:
+        then()
     with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0], policy)),
@@ -308,7 +311,7 @@ def _compared(target, args, uses, entries, attentions, program_ids, tuner,
               clock) -> ProgramCheck | None:
     """The program tuned against plain (``program_check``), its keys ``uses``; an earlier
     check's result when nothing was tuned now. ``clock``: the check's measure, its plain
-    program compiling since before the keys tuned (``program_check.plain_compiling``), or None."""
+    program compiling since the keys started tuning (``WallClock.start_plain``), or None."""
     try:
         fused = [d for d in attentions if d.fused]
         if not any(e.source == Source.TUNED for e in entries) and not any(d.source == "tuned" for d in fused):

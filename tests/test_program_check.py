@@ -5,6 +5,7 @@ a key left plain is lax's dot in the traced program, the next process reads it f
 store, and warmup reports what it compared.
 """
 
+import contextlib
 import threading
 import time
 
@@ -19,6 +20,7 @@ from jax_autotune.autotune import programs_traced
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import RUNTIME, tuner_for
 from jax_autotune.tuning import programs
+from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.jaxprs import equations
 from jax_autotune.warmup import PHASES, matmul_problems
 from numerics import rand
@@ -194,27 +196,44 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
     tuner = tuner_for("cpu")
     monkeypatch.setattr(tuner.timer, "measures_device_time", True)  # as a GPU's: host load does not skew it
     plain_lowering = threading.Event()
-    lowered, select = program_check._WallClock._lowered, tuner.select
+    lowered, select, exclusive = program_check.WallClock._lowered, tuner.select, DEVICE_LOCK.exclusive
+    plain_compiles, holding = [], threading.local()  # per plain compile: whether it held the device alone
 
-    plain_lowerings = []
+    class Plain:
+        def __init__(self, lowered):
+            self.lowered = lowered
+
+        def compile(self):
+            plain_compiles.append(getattr(holding, "device", False))
+            return self.lowered.compile()
+
+    @contextlib.contextmanager
+    def holding_alone():
+        with exclusive():
+            holding.device = True
+            try:
+                yield
+            finally:
+                holding.device = False
 
     def lowering(clock, left):
-        if left == clock.every_key:
-            plain_lowerings.append(left)
-            plain_lowering.set()
-        return lowered(clock, left)
+        if left != clock.every_key:
+            return lowered(clock, left)
+        plain_lowering.set()
+        return Plain(lowered(clock, left))
 
     def selecting(*args, **kwargs):  # each key tunes only once the plain program is under way
         assert plain_lowering.wait(timeout=30), "the plain program waited for the keys' tuning"
         return select(*args, **kwargs)
 
-    monkeypatch.setattr(program_check._WallClock, "_lowered", lowering)
+    monkeypatch.setattr(program_check.WallClock, "_lowered", lowering)
     monkeypatch.setattr(tuner, "select", selecting)
+    monkeypatch.setattr(DEVICE_LOCK, "exclusive", holding_alone)
     step, params = jat.autotune(loss), (W1, W2, B)
     check = jat.warmup(step, params, X, grad=True).program
     assert check.source in ("checked", "xla")
-    if check.source == "checked":  # the plain program compiled once, early; the tuned one after it
-        assert len(plain_lowerings) == 1 and check.compiles >= 2
+    if check.source == "checked":  # the plain program compiled once, early, alone on the device
+        assert plain_compiles == [True] and check.compiles >= 2
         assert check.plain_seconds > 0 and check.tuned_seconds > 0
     assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
 
