@@ -6,6 +6,7 @@ store, and warmup reports what it compared.
 """
 
 import contextlib
+import re
 import threading
 import time
 
@@ -150,6 +151,44 @@ def test_a_key_left_plain_is_laxs_dot_in_the_program_and_the_next_process_reads_
     # the same wrapper follows a later change of its program's record (in a new jit)
     programs.remember(tuner_for("cpu"), program, programs.ProgramRecord(1.0, 1.0, 1.0, ()))
     assert keys_of(lambda *args: again(*args), X, W1, W2, B) == bound
+
+
+def attention_block(params, x):
+    wq, wk, wv, w1, w2 = params
+    q, k, v = x @ wq, x @ wk, x @ wv
+    scores = jnp.einsum("btd,bsd->bts", q, k) / 4.0
+    causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
+    h = x + jnp.einsum("bts,bsd->btd", jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1), v)
+    return jnp.mean((jax.nn.gelu(h @ w1) @ w2).astype(jnp.float32) ** 2)
+
+
+def optimized_hlo(fn, *args) -> list[str]:
+    """The compiled training step's HLO without its debug information (op names, source
+    lines) and with its parameters' names made alike."""
+    text = jax.jit(jax.value_and_grad(fn)).lower(*args).compile().as_text()
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    text = re.sub(r"\b(params|p)_(\d+)_", r"arg\2_", text)
+    lines = text.splitlines()  # the computations, after the header and its source table
+    return lines[next(i for i, line in enumerate(lines) if line.startswith(("%", "ENTRY"))):]
+
+
+def test_every_key_left_plain_is_the_plain_program_instruction_for_instruction(fresh_tuning):
+    """What the check leaves plain costs nothing: with every key plain, the autotuned
+    training step compiles to the plain step's optimized HLO (bf16 parameters, attention)."""
+    rng = np.random.default_rng(0)
+    params = tuple(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+                   for shape in [(16, 16)] * 3 + [(16, 40), (40, 16)])
+    x = jnp.asarray(rng.standard_normal((2, 7, 16)), jnp.bfloat16)
+    step = jat.autotune(attention_block)
+    with programs_traced() as seen:
+        keys = keys_of(jax.value_and_grad(step), params, x)
+    assert len(keys) >= 4 and seen
+    tuned = optimized_hlo(lambda params, x: step(params, x), params, x)
+    for program in seen:
+        programs.remember(tuner_for("cpu"), program,
+                          programs.ProgramRecord(1.0, 1.1, 1.0, tuple(k.canonical() for k in keys)))
+    plain = optimized_hlo(lambda params, x: step(params, x), params, x)
+    assert plain == optimized_hlo(attention_block, params, x) and plain != tuned
 
 
 def test_a_stored_record_that_is_not_one_is_no_record(fresh_tuning):
