@@ -17,6 +17,7 @@ import pytest
 
 import jax_autotune as jat
 from jax_autotune import program_check
+import jax_autotune.config as config
 from jax_autotune.autotune import programs_traced
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import RUNTIME, tuner_for
@@ -189,6 +190,19 @@ def test_every_key_left_plain_is_the_plain_program_instruction_for_instruction(f
                           programs.ProgramRecord(1.0, 1.1, 1.0, tuple(k.canonical() for k in keys)))
     plain = optimized_hlo(lambda params, x: step(params, x), params, x)
     assert plain == optimized_hlo(attention_block, params, x) and plain != tuned
+
+
+def test_a_shipped_table_carries_the_keys_a_check_left_plain(fresh_tuning, tmp_path):
+    with programs_traced() as seen:
+        bound = keys_of(jat.autotune(mlp), X, W1, W2, B)
+    (program,) = seen
+    programs.remember(tuner_for("cpu"), program, programs.ProgramRecord(1.0, 1.1, 0.99, (bound[0].canonical(),)))
+    path = jat.table().save(tmp_path / "tune_table.json")
+    config.update("cache_dir", str(tmp_path / "another_machine"))
+    RUNTIME.reset()
+    assert keys_of(jat.autotune(mlp), X, W1, W2, B) == bound  # no check there: every key tuned
+    jat.load_table(path)
+    assert keys_of(jat.autotune(mlp), X, W1, W2, B) == bound[1:]  # the shipped check: the first key plain
 
 
 def test_a_stored_record_that_is_not_one_is_no_record(fresh_tuning):

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -14,7 +15,10 @@ import jax
 import pytest
 
 from fakes import CPU, FakeClock, FakeTimer, candidate_set, fake_candidate
-from jax_autotune.tuning import counters
+from jax_autotune.attention_key import AttentionKey
+from jax_autotune.tuning import attention_decisions, counters, programs
+from jax_autotune.tuning.attention_decisions import AttentionDecision
+from jax_autotune.tuning.programs import ProgramRecord
 from jax_autotune import tuners as tuner_module
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.decision import Decision
@@ -26,7 +30,7 @@ from jax_autotune.tuning.namespaces import decision_namespace
 from jax_autotune.tuning.store import store_at
 from jax_autotune.tables import table_file
 from jax_autotune.tables.install import load_table, read_table, table
-from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, TuneTable, TuneTableError,
+from jax_autotune.tables.table_file import (LIMITS, SCHEMA_VERSION, DeviceTable, KeptRow, TuneTable, TuneTableError,
                                             TuneTableWarning)
 from jax_autotune.tuners import current_tuners
 from jax_autotune.tuning.tuner import Tuner
@@ -560,3 +564,98 @@ def test_a_grouped_matmuls_decisions_ship_in_their_own_section_and_install_elsew
     got = jax.jit(jat.ragged_dot)(x, w, sizes)
     assert counters.stats()["tuned"] == tuned and ragged_tuner_for("cpu").known.lookup(grouped.entries[0].key) is not None
     assert float(jnp.max(jnp.abs(got - want))) == 0.0
+
+
+# ---------------------------------------------------------------- attentions and program checks
+
+ATTENTION_KEY = AttentionKey(batch=2, heads=4, t=33, s=33, head_dim=16, dtype="bfloat16", causal=True)
+FUSED = AttentionDecision(ATTENTION_KEY, "cudnn", {"as_written": 2e-3, "cudnn": 5e-4})
+
+
+def with_attention_and_program(tuner) -> ProgramRecord:
+    """``tuner``'s store holds an attention decision (fused) and a program check that left
+    PROBLEM_A's key plain, as a warmup of a ``jat.autotune`` program keeps them."""
+    attention_decisions.remember(tuner, FUSED, "impls-1")
+    record = ProgramRecord(0.04, 0.05, 0.039, (PROBLEM_A.key().canonical(),))
+    programs.remember(tuner, "program-1", record)
+    return record
+
+
+def forget_memory():
+    attention_decisions.forget()
+    programs.forget()
+
+
+def test_a_table_ships_the_attention_decisions_and_program_checks(store, tmp_path):
+    record = with_attention_and_program(tuned_tuner(store))
+    path = table(tuners=[tuned_tuner(store)]).save(tmp_path / "t.json")
+    forget_memory()  # another machine: an empty store, nothing in memory
+    fresh = fresh_tuner(tmp_path)
+    assert attention_decisions.known(fresh, ATTENTION_KEY, "impls-1") is None
+    loaded, caught = load_quietly(path, [fresh])
+    assert caught == [] and len(loaded.attention[CPU.fingerprint]) == len(loaded.programs[CPU.fingerprint]) == 1
+    load_table(loaded, tuners=[fresh])
+    got = attention_decisions.known(fresh, ATTENTION_KEY, "impls-1")
+    assert (got.winner, got.seconds, got.source) == ("cudnn", FUSED.seconds, "memory")
+    assert programs.left_plain(fresh, "program-1") == frozenset({PROBLEM_A.key()})
+    forget_memory()  # the next process reads them from the store the table was installed into
+    assert attention_decisions.known(fresh, ATTENTION_KEY, "impls-1").source == "store"
+    assert programs.record(fresh, "program-1") == record
+
+
+def test_a_program_check_of_another_candidate_set_is_not_installed(store, tmp_path):
+    with_attention_and_program(tuned_tuner(store))
+    shipped = table(tuners=[tuned_tuner(store)])
+    forget_memory()
+    other = make_tuner(store_at(tmp_path / "other.db"), extra=[(fake_candidate("new"), [("g", 1)])])
+    assert other.checksum != tuned_tuner(store).checksum
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TuneTableWarning)  # the matmul entries: another candidate set
+        load_table(shipped, tuners=[other])
+    assert programs.record(other, "program-1") is None  # its keys were checked with other kernels
+    assert attention_decisions.known(other, ATTENTION_KEY, "impls-1").winner == "cudnn"  # its own checksum
+
+
+def test_a_table_without_attentions_or_programs_writes_neither(store):
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    assert "attention" not in data and "programs" not in data
+
+
+def test_rows_that_are_no_decision_or_check_are_skipped_with_the_one_warning(store, tmp_path):
+    with_attention_and_program(tuned_tuner(store))
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    data["attention"][CPU.fingerprint].append({"key": "attention:nonsense", "checksum": "x", "value": {"winner": 1}})
+    wrong_key = dict(data["attention"][CPU.fingerprint][0], key=dataclasses.replace(ATTENTION_KEY, t=7).canonical())
+    data["attention"][CPU.fingerprint].append(wrong_key)  # a decision filed under another key
+    data["programs"][CPU.fingerprint].append({"key": "p2", "checksum": "x", "value": {"left_plain": "all"}})
+    loaded, caught = load_quietly(write_json(tmp_path / "t.json", data), [fresh_tuner(tmp_path)])
+    assert len(caught) == 1 and "skipped 3" in str(caught[0].message)
+    assert [r.key for r in loaded.attention[CPU.fingerprint]] == [ATTENTION_KEY.canonical()]
+    assert [r.key for r in loaded.programs[CPU.fingerprint]] == ["program-1"]
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda d: d.update(programs=[1]), "programs: expected"),
+    (lambda d: d["attention"].update({CPU.fingerprint: {"key": 1}}), "attention[\"" + CPU.fingerprint + "\"]: expected a list"),
+    (lambda d: d["attention"][CPU.fingerprint][0].update(checksum=3), ".checksum: expected a string"),
+    (lambda d: d["programs"][CPU.fingerprint][0].update(value="record"), ".value: expected"),
+])
+def test_an_attention_or_program_field_of_the_wrong_type_is_an_error_naming_it(store, tmp_path, mutate, where):
+    with_attention_and_program(tuned_tuner(store))
+    data = table(tuners=[tuned_tuner(store)]).to_json()
+    mutate(data)
+    with pytest.raises(TuneTableError, match=re.escape(where)):
+        TuneTable.loads(json.dumps(data))
+
+
+def test_merge_takes_the_others_attention_and_program_rows_per_key():
+    fast = KeptRow(ATTENTION_KEY.canonical(), "impls-1", FUSED.to_json())
+    written = KeptRow(ATTENTION_KEY.canonical(), "impls-1",
+                      dataclasses.replace(FUSED, winner="as_written").to_json())
+    check = KeptRow("program-1", "c1", ProgramRecord(1.0, 1.1, 1.0, ()).to_json())
+    mine = TuneTable(attention={CPU.fingerprint: (fast,)}, programs={CPU.fingerprint: (check,)})
+    theirs = TuneTable(attention={CPU.fingerprint: (written,), OTHER_GPU: (fast,)})
+    merged = mine.merge(theirs)
+    assert merged.attention == {CPU.fingerprint: (written,), OTHER_GPU: (fast,)}
+    assert merged.programs == {CPU.fingerprint: (check,)}
+    assert TuneTable.loads(merged.dumps()).attention == merged.attention  # and they round-trip

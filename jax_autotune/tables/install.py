@@ -22,15 +22,20 @@ from typing import Iterable, Iterator
 import jax_autotune.config as config
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 from jax_autotune.key import MatmulKey
-from jax_autotune.tables.table_file import CandidateSetInfo, DeviceTable, TuneTable, TuneTableWarning
+from jax_autotune.tables.table_file import KEPT, CandidateSetInfo, DeviceTable, KeptRow, TuneTable, TuneTableWarning
 from jax_autotune.registry import built_tuners, current_tuners
 from jax_autotune.tuning.decision import Decision, Source
-from jax_autotune.tuning.namespaces import DecisionNamespace, current_decision_prefix
+from jax_autotune.tuning import attention_decisions, programs
+from jax_autotune.tuning.attention_decisions import AttentionDecision
+from jax_autotune.tuning.namespaces import (ATTENTION, PROGRAMS, DecisionNamespace, current_decision_prefix,
+                                            current_device, current_prefix)
+from jax_autotune.tuning.programs import ProgramRecord
 from jax_autotune.tuning.store import Store, open_store
 from jax_autotune.tuning.known import Installed, stored_decision
 from jax_autotune.tuning.tuner import Tuner
 
 _NAMED_REJECTIONS = 3  # rejected entries a warning names one by one
+_KEPT_NAMESPACES = {"attention": ATTENTION, "programs": PROGRAMS}  # a table field (KEPT): its store namespaces
 GROUPED_SECTION = "{device}/grouped"  # a device's grouped matmuls' decisions: another candidate set
 
 
@@ -106,7 +111,9 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
         >>> table().save("tune_table.json")
 
     A device's grouped matmuls' decisions (another candidate set) are the section
-    ``<fingerprint>/grouped`` (``section_name``). For a section without a tuner in this
+    ``<fingerprint>/grouped`` (``section_name``). The stores' attention decisions and
+    whole-program checks of this version come along (``TuneTable.attention``,
+    ``TuneTable.programs``), so that a shipped ``jat.autotune`` program decides nothing again. For a section without a tuner in this
     process, the entries of its most recently written candidate set are taken (older sets'
     entries could not be installed anyway).
     """
@@ -153,7 +160,35 @@ def table(*, tuners: Iterable[Tuner] | None = None) -> TuneTable:
 
     return TuneTable({fp: DeviceTable(sections[fp][0], sections[fp][1],
                                       tuple(decisions.get(fp, {}).values()))
-                      for fp in sections})
+                      for fp in sections}, **_kept_rows(tuners))
+
+
+def _kept_rows(tuners: list[Tuner]) -> dict[str, dict[str, tuple[KeptRow, ...]]]:
+    """The attention decisions and program checks of this package and jax version in the
+    stores in use, per table field (``table_file.KEPT``) and device fingerprint."""
+    found: dict[str, dict[str, dict[tuple[str, str], KeptRow]]] = {name: {} for name in KEPT}
+    with stores_in_use(tuners) as stores:
+        for name, kind in _KEPT_NAMESPACES.items():
+            for store in stores:
+                for row in store.entries(namespace_prefix=current_prefix(kind)):
+                    device = current_device(row.namespace, kind)
+                    if device is not None:
+                        found[name].setdefault(device, {}).setdefault(
+                            (row.key, row.checksum), KeptRow(row.key, row.checksum, row.value))
+    return {name: {fp: tuple(rows.values()) for fp, rows in devices.items()} for name, devices in found.items()}
+
+
+def _install_kept(tune_table: TuneTable, tuner: Tuner, persist: bool) -> None:
+    """Keep the table's attention decisions and program checks of ``tuner``'s device, as
+    its own trace and warmup would have (the rows were validated when the table was read)."""
+    for row in tune_table.attention.get(tuner.device.fingerprint, ()):
+        decision = AttentionDecision.from_json(row.value, source="table")
+        if decision is not None:
+            attention_decisions.remember(tuner, decision, row.checksum, persist=persist)
+    for row in tune_table.programs.get(tuner.device.fingerprint, ()):
+        record = ProgramRecord.from_json(row.value)
+        if record is not None and row.checksum == tuner.checksum:  # checked with this candidate set
+            programs.remember(tuner, row.key, record, persist=persist)
 
 
 def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = None,
@@ -161,8 +196,9 @@ def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = Non
     """Install the entries of every device that has a tuner in ``tuners`` (default:
     ``current_tuners()``) into its memory table and (``persist``) its store, one
     transaction per device; returns {section: Installed} (a device's fingerprint, or
-    ``<fingerprint>/grouped`` for its grouped matmuls: ``section_name``). Entries of other devices are
-    left alone; an entry of another candidate set, or whose winner cannot run its key here,
+    ``<fingerprint>/grouped`` for its grouped matmuls: ``section_name``). The table's attention
+    decisions and program checks of those devices are kept too (a program check only under
+    the candidate set it was made with). Entries of other devices are left alone; an entry of another candidate set, or whose winner cannot run its key here,
     is not installed (one ``TuneTableWarning`` names them).
 
         >>> install_table(TuneTable.load("tune_table.json"))
@@ -184,6 +220,9 @@ def install_table(tune_table: TuneTable, *, tuners: Iterable[Tuner] | None = Non
         installed[fingerprint] = result = tuner.known.install_many(
             (d.with_source("table") for d in section.entries), persist=persist)
         rejected.extend(result.rejected)
+    dense = {t.device.fingerprint: t for t in tuners if section_of(t) == t.device.fingerprint}
+    for tuner in dense.values():  # a device's attentions and programs: its dense tuner's
+        _install_kept(tune_table, tuner, persist)
     if other_set or rejected:
         total = other_set + len(rejected)
         parts = [f"{other_set} of a candidate set this build does not have"] if other_set else []

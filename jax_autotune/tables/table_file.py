@@ -17,7 +17,18 @@ File format (``schema_version`` 1; JSON only, nothing is ever unpickled)::
      "devices": {"<fingerprint>": {"checksum": "<candidate-set checksum>",
                                    "candidates": ["xla_dot", ...],
                                    "entries": [<Decision.to_json()>, ...]},
-                 "<fingerprint>/grouped": {...}}}
+                 "<fingerprint>/grouped": {...}},
+     "attention": {"<fingerprint>": [{"key": "attention:...", "checksum": "...",
+                                      "value": <AttentionDecision.to_json()>}, ...]},
+     "programs": {"<fingerprint>": [{"key": "<program identity>", "checksum": "...",
+                                     "value": <ProgramRecord.to_json()>}, ...]}}
+
+``attention`` and ``programs`` (optional; written only when there are some) carry what a
+``jat.autotune`` program decides beside its matmuls: each attention's decision (fused or as
+written) and each whole-program check (the keys it leaves plain), with the checksum each
+is kept under, so that a shipped model neither decides its attentions again nor runs
+slower than plain where the check found it would. A row whose value is no decision or
+record is skipped, counted in the same one warning.
 
 A section holds one candidate set: a device's grouped matmuls (``lax.ragged_dot``), whose
 set is another, are the section ``<fingerprint>/grouped``
@@ -38,7 +49,8 @@ informational: the candidate-set checksum is what decides whether an entry is us
 Reading is pure: it builds no tuner and opens no store (``jax_autotune.tables.install``
 connects tables to the runtime).
 
-Merge rule (``TuneTable.merge``): newer wins. Per (device, key), the entry with the
+Merge rule (``TuneTable.merge``): newer wins. Attention decisions and program checks carry
+no time: per (device, key, checksum), ``other``'s wins. Per (device, key), the entry with the
 larger ``timestamp`` wins (a tie keeps ``self``'s). If the two tables disagree on a
 device's candidate-set checksum, that device's whole section comes from the table whose
 newest entry for it is newer (decisions of two candidate sets never mix). Devices present
@@ -67,9 +79,11 @@ from jax_autotune.tables.summary import SummaryRow, key_id, matches, summarize
 from jax_autotune.files import open_regular
 from jax_autotune.tuning.validation import (LIMITS, TuneTableError, cap, check_text_size, field,
                                             parse_entry, shown)
+from jax_autotune.tuning.attention_decisions import AttentionDecision
 from jax_autotune.tuning.decision import Decision
+from jax_autotune.tuning.programs import ProgramRecord
 
-__all__ = ["LIMITS", "SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "TuneTable",
+__all__ = ["LIMITS", "SCHEMA", "SCHEMA_VERSION", "CandidateSetInfo", "DeviceTable", "KeptRow", "TuneTable",
            "TuneTableError", "TuneTableWarning"]
 
 SCHEMA = "jax_autotune.tune_table"
@@ -126,6 +140,46 @@ class DeviceTable:
                 "entries": [d.to_json() for d in self.entries]}
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptRow:
+    """An attention decision or a whole-program check a table carries for a device: its
+    store key (the attention key's canonical string, or the program's identity), the
+    checksum it is kept under, and its value (``AttentionDecision.to_json()``,
+    ``ProgramRecord.to_json()``).
+
+        >>> KeptRow(decision.key.canonical(), checksum, decision.to_json())
+    """
+
+    key: str
+    checksum: str
+    value: dict
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "checksum": self.checksum, "value": self.value}
+
+
+def _attention_row(row: KeptRow) -> bool:
+    decision = AttentionDecision.from_json(row.value)
+    return decision is not None and decision.key.canonical() == row.key
+
+
+def _program_row(row: KeptRow) -> bool:
+    return ProgramRecord.from_json(row.value) is not None
+
+
+KEPT = {"attention": (_attention_row, "an attention row whose value is no decision"),  # a table's kept
+        "programs": (_program_row, "a program row whose value is no check")}  # rows: valid, else why skipped
+
+
+def _merged_rows(ours: Mapping[str, tuple[KeptRow, ...]],
+                 theirs: Mapping[str, tuple[KeptRow, ...]]) -> dict[str, tuple[KeptRow, ...]]:
+    """Per device, the rows of both, ``theirs`` winning per (key, checksum)."""
+    merged = {fp: {(r.key, r.checksum): r for r in rows} for fp, rows in ours.items()}
+    for fingerprint, rows in theirs.items():
+        merged.setdefault(fingerprint, {}).update({(r.key, r.checksum): r for r in rows})
+    return {fp: tuple(rows.values()) for fp, rows in merged.items()}
+
+
 # ---------------------------------------------------------------- the table
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -139,6 +193,8 @@ class TuneTable:
     """
 
     devices: Mapping[str, DeviceTable] = dataclasses.field(default_factory=dict)
+    attention: Mapping[str, tuple[KeptRow, ...]] = dataclasses.field(default_factory=dict)  # per fingerprint
+    programs: Mapping[str, tuple[KeptRow, ...]] = dataclasses.field(default_factory=dict)  # per fingerprint
     jax_autotune_version: str = ""
     jax_version: str = ""
     created: str = ""
@@ -153,6 +209,10 @@ class TuneTable:
             now = datetime.datetime.now(datetime.timezone.utc)
             object.__setattr__(self, "created", now.strftime("%Y-%m-%dT%H:%M:%SZ"))
         object.__setattr__(self, "devices", dict(sorted(self.devices.items())))
+        for name in KEPT:
+            rows = {fp: tuple(sorted(rows, key=lambda r: (r.key, r.checksum)))
+                    for fp, rows in sorted(getattr(self, name).items()) if rows}
+            object.__setattr__(self, name, rows)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -219,7 +279,8 @@ class TuneTable:
                                                      if c not in ours.candidates)
                 devices[fingerprint] = DeviceTable(ours.checksum, candidates,
                                                    tuple(merged.values()))
-        return TuneTable(devices)
+        return TuneTable(devices, **{name: _merged_rows(getattr(self, name), getattr(other, name))
+                                     for name in KEPT})
 
     # -- JSON ---------------------------------------------------------------------------
 
@@ -229,6 +290,8 @@ class TuneTable:
             "jax_autotune_version": self.jax_autotune_version, "jax_version": self.jax_version,
             "created": self.created,
             "devices": {fp: section.to_json() for fp, section in self.devices.items()},
+            **{name: {fp: [r.to_json() for r in rows] for fp, rows in getattr(self, name).items()}
+               for name in KEPT if getattr(self, name)},
         }
 
     def dumps(self) -> str:
@@ -372,6 +435,7 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
             if previous is None or decision.timestamp > previous.timestamp:
                 kept[decision.key] = decision
         devices[fingerprint] = DeviceTable(checksum, tuple(candidates), tuple(kept.values()))
+    kept = {name: _kept_rows(data, name, skipped, origin) for name in KEPT}
     if skipped:
         total = sum(skipped.values())
         reasons = "; ".join(f"{n} with {why}" for why, n in skipped.items())
@@ -380,7 +444,32 @@ def _parse(data: Any, known_sets: Mapping[str, CandidateSetInfo], origin: str) -
                       f"Those keys are not installed; tune them on this device "
                       f"(jax_autotune.warmup) and export a new table.",
                       TuneTableWarning, stacklevel=4)
-    return TuneTable(devices, **header)
+    return TuneTable(devices, **kept, **header)
+
+
+def _kept_rows(data: dict, name: str, skipped: Counter, origin: str) -> dict[str, tuple[KeptRow, ...]]:
+    """The ``name`` rows of a table (``KEPT``), validated; the invalid ones counted in ``skipped``."""
+    valid, why = KEPT[name]
+    raw_devices = field(data, name, dict, "", origin, required=False) or {}
+    cap(len(raw_devices), "devices", origin, name)
+    rows: dict[str, tuple[KeptRow, ...]] = {}
+    for fingerprint, raw_rows in raw_devices.items():
+        where = f"{name}[{json.dumps(fingerprint)}]"
+        if not isinstance(raw_rows, list):
+            raise TuneTableError(f"{origin}: {where}: expected a list, got {type(raw_rows).__name__}")
+        cap(len(raw_rows), "entries per device", origin, where)
+        found = []
+        for i, raw in enumerate(raw_rows):
+            if not isinstance(raw, dict):
+                raise TuneTableError(f"{origin}: {where}[{i}]: expected an object, got {type(raw).__name__}")
+            row = KeptRow(*(field(raw, f, str, f"{where}[{i}].", origin) for f in ("key", "checksum")),
+                          field(raw, "value", dict, f"{where}[{i}].", origin))
+            if valid(row):
+                found.append(row)
+            else:
+                skipped[why] += 1
+        rows[fingerprint] = tuple(found)
+    return rows
 
 
 def _link_new(source: Path, path: Path) -> None:

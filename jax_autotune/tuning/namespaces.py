@@ -87,7 +87,7 @@ def program_namespace(device_fingerprint: str) -> str:
         >>> program_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
         'programs/0.1.0/0.11.2/cuda-NVIDIA_H200-139GiB'
     """
-    return f"{PROGRAMS}/{__version__}/{jax.__version__}/{_check_fingerprint(device_fingerprint)}"
+    return current_prefix(PROGRAMS) + _check_fingerprint(device_fingerprint)
 
 
 def attention_namespace(device_fingerprint: str) -> str:
@@ -97,4 +97,26 @@ def attention_namespace(device_fingerprint: str) -> str:
         >>> attention_namespace("cuda-NVIDIA_H200-139GiB")   # doctest: +SKIP
         'attention/0.1.0/0.11.2/cuda-NVIDIA_H200-139GiB'
     """
-    return f"{ATTENTION}/{__version__}/{jax.__version__}/{_check_fingerprint(device_fingerprint)}"
+    return current_prefix(ATTENTION) + _check_fingerprint(device_fingerprint)
+
+
+def current_prefix(kind: str) -> str:
+    """The prefix of this package's and jax's namespaces of ``kind`` (``PROGRAMS``, ``ATTENTION``).
+
+        >>> current_prefix(ATTENTION)                   # doctest: +SKIP
+        'attention/0.1.0/0.10.2/'
+    """
+    return f"{kind}/{__version__}/{jax.__version__}/"
+
+
+def current_device(namespace: str, kind: str) -> str | None:
+    """The device fingerprint of a namespace of ``kind`` of this package and jax; None for
+    any other namespace.
+
+        >>> current_device(attention_namespace("cpu-x"), ATTENTION)
+        'cpu-x'
+    """
+    prefix = current_prefix(kind)
+    device = namespace[len(prefix):] if namespace.startswith(prefix) else ""
+    return device if device and "/" not in device else None
+
