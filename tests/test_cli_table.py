@@ -458,3 +458,17 @@ def test_import_of_a_damaged_file_names_the_field(tuner, capsys, tmp_path):
                                            (1.5e-5, "15.0us"), (2e-8, "20ns")])
 def test_times_are_printed_with_a_unit(seconds, text):
     assert format_seconds(seconds) == text
+
+
+def test_clear_deletes_the_attention_decisions_and_program_checks_with_the_decisions(tuner, capsys):
+    from test_table import ATTENTION_KEY, with_attention_and_program
+    from jax_autotune.tuning import attention_decisions, programs
+    with_attention_and_program(tuner)
+    other = throughput_namespace(tuner.device.fingerprint)
+    probes = len(tuner.store.entries(other))
+    code, out, _ = run(capsys, "clear", "--yes")
+    assert code == 0
+    assert attention_decisions.known(tuner, ATTENTION_KEY, "impls-1") is None
+    assert programs.record(tuner, "program-1") is None
+    assert [e.namespace for e in tuner.store.entries() if not e.namespace.startswith("throughput/")] == []
+    assert len(tuner.store.entries(other)) == probes  # the probes stay

@@ -28,7 +28,7 @@ from jax_autotune.tuning.decision import Decision, Source
 from jax_autotune.tuning import attention_decisions, programs
 from jax_autotune.tuning.attention_decisions import AttentionDecision
 from jax_autotune.tuning.namespaces import (ATTENTION, PROGRAMS, DecisionNamespace, current_decision_prefix,
-                                            current_device, current_prefix)
+                                            current_device, current_prefix, kept_device)
 from jax_autotune.tuning.programs import ProgramRecord
 from jax_autotune.tuning.store import Store, open_store
 from jax_autotune.tuning.known import Installed, stored_decision
@@ -260,6 +260,13 @@ def load_table(path_or_table: str | os.PathLike | TuneTable, install: bool = Tru
     return loaded
 
 
+def _device_of(namespace: str) -> str | None:
+    """The device of a namespace ``clear_decisions`` deletes (decisions, program checks,
+    attention decisions, of any version); None for any other (probes)."""
+    parsed = DecisionNamespace.parse(namespace)
+    return parsed.device if parsed is not None else kept_device(namespace)
+
+
 def stored_devices() -> list[str]:
     """The device fingerprints with decisions (of any version) in the stores in use.
 
@@ -273,7 +280,8 @@ def stored_devices() -> list[str]:
 
 def clear_decisions(device: str | None = None) -> int:
     """Delete stored decisions (every jax_autotune and jax version) of one device fingerprint
-    or of all, and forget the memory tables of this process's tuners; throughput probes
+    or of all, the attention decisions and program checks with them (a check judged the
+    decisions deleted), and forget what this process holds of them; throughput probes
     stay. Returns the number of rows deleted.
 
         >>> clear_decisions("cpu-AMD-EPYC-x16-mem0")
@@ -283,11 +291,12 @@ def clear_decisions(device: str | None = None) -> int:
     for tuner in tuners:
         if device is None or tuner.device.fingerprint == device:
             tuner.known.forget()
+    attention_decisions.forget()  # every device's, in memory: the stores keep the others'
+    programs.forget()
     deleted = 0
     with stores_in_use(tuners) as stores:
         for store in stores:
             doomed = [namespace for namespace in store.namespaces()
-                      if (parsed := DecisionNamespace.parse(namespace)) is not None
-                      and device in (None, parsed.device)]
+                      if (owner := _device_of(namespace)) is not None and device in (None, owner)]
             deleted += store.delete_namespaces(doomed)
     return deleted

@@ -120,3 +120,14 @@ def current_device(namespace: str, kind: str) -> str | None:
     device = namespace[len(prefix):] if namespace.startswith(prefix) else ""
     return device if device and "/" not in device else None
 
+
+def kept_device(namespace: str) -> str | None:
+    """The device fingerprint of a program-check or attention-decision namespace of any
+    package and jax version; None for any other namespace.
+
+        >>> kept_device("programs/0.1.0/0.10.2/cpu-x")
+        'cpu-x'
+    """
+    parts = namespace.split("/")
+    return parts[3] if len(parts) == 4 and parts[0] in (PROGRAMS, ATTENTION) and all(parts) else None
+
