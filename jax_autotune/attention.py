@@ -191,8 +191,10 @@ def _fusable_precision(precision, dtype) -> bool:
 
 def _grouped_queries(eqns, head: int, uses, consts):
     """(the 4-D queries, the reshape's index, the group axis) where the scores' dot reads
-    them reshaped to 5-D with a size-1 query-group axis (read by that dot alone); None
-    where it reads 4-D queries."""
+    them reshaped to 5-D, their heads split as (kv heads, query group): a size-1 group
+    axis anywhere, or the group axis right after the kv heads' (grouped-query attention,
+    query head i reading kv head i // group, as ``jax.nn.dot_product_attention`` splits
+    them), each read by that dot alone; None where it reads 4-D queries."""
     grouped = eqns[head].invars[0]
     if not isinstance(grouped, Var) or grouped.aval.ndim != 5:
         return None
@@ -201,12 +203,16 @@ def _grouped_queries(eqns, head: int, uses, consts):
             or uses.get(grouped) != [head] or not isinstance(producer.invars[0], Var):
         raise _NoMatch("5-D queries that are not 4-D ones reshaped")
     queries, shape = producer.invars[0], tuple(grouped.aval.shape)
+    flat = tuple(queries.aval.shape)
     (contracting, _), (batch, _) = eqns[head].params["dimension_numbers"]
     for axis in sorted(set(range(5)) - set(contracting) - set(batch)):  # the group axis is a free one
-        if shape[axis] == 1 and shape[:axis] + shape[axis + 1:] == tuple(queries.aval.shape):
+        size_one = shape[axis] == 1 and shape[:axis] + shape[axis + 1:] == flat
+        split = axis >= 1 and axis - 1 == batch[1] and \
+            shape[:axis - 1] + (shape[axis - 1] * shape[axis],) + shape[axis + 1:] == flat
+        if size_one or split:
             index = next(i for i, e in enumerate(eqns) if e is producer)
             return queries, index, axis
-    raise _NoMatch("5-D queries grouped with more than one query head per kv head")
+    raise _NoMatch("5-D queries whose heads are not split as (kv heads, query group)")
 
 
 def _match(eqns, head: int, uses, outputs, consts) -> Match:
@@ -219,7 +225,8 @@ def _match(eqns, head: int, uses, outputs, consts) -> Match:
     # the scores' dims: batch dims, then the lhs's free dims in order, then the rhs's
     lhs_free = sorted({lfree} | ({group_axis} if grouped else set()))
     layout = ("b", "n", *("g" if axis == group_axis else "t" for axis in lhs_free), "s")
-    batch, heads, t, s = (d1.outvars[0].aval.shape[layout.index(label)] for label in "bnts")
+    batch, heads, t, s = (d1.outvars[0].aval.shape[layout.index(label)] for label in "bnts")  # kv heads
+    group = d1.outvars[0].aval.shape[layout.index("g")] if grouped else 1
     kinds: dict[Any, Any] = {d1.outvars[0]: _Scores(1.0, None, layout, d1.outvars[0])}
     members = [head]
     if grouped:
@@ -241,8 +248,8 @@ def _match(eqns, head: int, uses, outputs, consts) -> Match:
             out_perm = tuple("btnh".index(label) for label in labels)
             _check_closed(members, kinds, uses, outputs, out, eqns)
             causal = _causal(scores.keep, (batch, heads, t, s))
-            key = AttentionKey(batch=batch, heads=heads, t=t, s=s, head_dim=head_dim,
-                               dtype=np.dtype(q.aval.dtype).name, causal=causal)
+            key = AttentionKey(batch=batch, heads=heads * group, t=t, s=s, head_dim=head_dim,
+                               dtype=np.dtype(q.aval.dtype).name, causal=causal, kv_heads=heads)
             perms = ((lb[0], lfree, lb[1], lc), (rb[0], rfree, rb[1], rc), v_perm)
             equations = tuple(eqns[i] for i in members)
             read = {a for e in equations for a in e.invars if isinstance(a, Var)} - set(kinds) - \
@@ -302,15 +309,15 @@ def _output_dot(eqn, kinds, shape):
 
 def _output_of(eqns, out, labels, uses, outputs, members):
     """The attention's output: the product with v, then any transposes and a reshape that
-    drops the size-1 group axis, each read by the next alone (added to ``members``); with
-    the labels of its dims."""
+    drops a size-1 group axis or merges the kv heads' axis with the group axis right after
+    it (the query heads, as the queries were split), each read by the next alone (added to
+    ``members``); with the labels of its dims."""
     while len(after := uses.get(out, [])) == 1 and out not in outputs:
         eqn = eqns[after[0]]
-        dropped = tuple(n for n, label in zip(out.aval.shape, labels) if label != "g")
         if eqn.primitive.name == "transpose":
             labels = [labels[p] for p in eqn.params["permutation"]]
         elif eqn.primitive.name == "reshape" and "g" in labels and eqn.params.get("dimensions") is None and \
-                tuple(eqn.outvars[0].aval.shape) == dropped:
+                tuple(eqn.outvars[0].aval.shape) == _heads_merged(out.aval.shape, labels):
             labels = [label for label in labels if label != "g"]
         else:
             break
@@ -319,6 +326,17 @@ def _output_of(eqns, out, labels, uses, outputs, members):
     if "g" in labels:
         raise _NoMatch("the query-group axis stays in the output")
     return out, labels
+
+
+def _heads_merged(shape, labels) -> tuple[int, ...] | None:
+    """``shape`` with its group axis ("g") merged into the kv heads' ("n") right before it,
+    or dropped where it has size 1; None where neither is a reshape of the query heads."""
+    g = labels.index("g")
+    if shape[g] == 1:
+        return tuple(n for n, label in zip(shape, labels) if label != "g")
+    if g >= 1 and labels[g - 1] == "n":
+        return tuple(shape[:g - 1]) + (shape[g - 1] * shape[g],) + tuple(shape[g + 1:])
+    return None
 
 
 def _step(eqn, kinds, consts):
@@ -499,10 +517,15 @@ def _with_keep(scores: _Scores, keep, out_shape) -> _Scores:
         np.broadcast_shapes(keep.shape, out_shape)
     except ValueError as err:
         raise _NoMatch("a mask of another shape than the scores") from err
-    # in (B, N, T, S) order, the size-1 group axis dropped
+    # in (B, N, T, S) order (N: kv heads), the group axis dropped: one mask for every query
+    # head of a group (else another computation)
     keep = np.transpose(keep, [scores.layout.index(label) for label in "bnts"] +
                         [axis for axis, label in enumerate(scores.layout) if label == "g"])
-    keep = keep.reshape(keep.shape[:4])
+    if keep.ndim == 5:
+        keep = _compact(keep)
+        if keep.shape[4] > 1 and not np.array_equal(keep, np.broadcast_to(keep[..., :1], keep.shape)):
+            raise _NoMatch("a mask that differs between the query heads of a group")
+        keep = keep[..., 0]
     if scores.keep is not None:
         keep = keep & scores.keep
     return dataclasses.replace(scores, keep=keep)

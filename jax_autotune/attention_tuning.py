@@ -6,9 +6,9 @@ For an attention's key (``AttentionKey``) the candidates are the attention as wr
 GPU, for f16/bf16 and head dims up to 128 in multiples of 8). Each is compiled as a
 training step sees it, forward and backward (``jax.vjp`` with a random cotangent; all of
 them at once, on threads), run on
-fresh random q, k and v, checked against a float64 reference on sampled (batch, head)
-slices (output and the three gradients, norm-wise, the dtype's tolerance; twice it for
-gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program is
+fresh random q, k and v, checked against a float64 reference on sampled (batch, kv head)
+slices, each with the query heads that read it (output and the three gradients,
+norm-wise, the dtype's tolerance; twice it for gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program is
 checked too: where it disagrees with the reference, the pattern was misread and nothing is
 fused. The fastest right one wins; the decision is kept by key
 (``tuning.attention_decisions``) and the next process reads it, unchecked: another
@@ -53,7 +53,7 @@ from jax_autotune.tuning.timing import program_seconds
 FUSED = {"gpu": ("cudnn",), "cuda": ("cudnn",)}
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 128
-REFERENCE_SLICES = 2  # (batch, head) slices the float64 reference computes
+REFERENCE_SLICES = 2  # (batch, kv head) slices the float64 reference computes
 GRADIENT_TOLERANCE_FACTOR = 2.0  # a gradient's tolerance: this times the output's
 
 _seen: list[list] = []
@@ -145,7 +145,8 @@ def tune(tuner, match: Match, names) -> AttentionDecision:
             try:
                 compiled = program.result()
                 got = [np.asarray(x, np.float64) for x in compiled(*args)]
-                errors = [relative_error(g[tuple(want.slices)], w) for g, w in zip(_sliced(match, got), want.values)]
+                errors = [relative_error(g[where], w)
+                          for g, where, w in zip(_sliced(match, got), want.slices, want.values)]
                 limits = [tol] + [tol * GRADIENT_TOLERANCE_FACTOR] * 3
                 wrong = [f"{what} {e:.3g} > {lim:.3g}" for what, e, lim in
                          zip(("out", "dq", "dk", "dv"), errors, limits) if not e <= lim]
@@ -198,6 +199,9 @@ def _random_inputs(match: Match) -> tuple:
 
 
 class _Reference:
+    """Float64 out, dq, dk, dv (``values``) at the (batch, head) slices ``slices`` of each:
+    query heads for out and dq, kv heads for dk and dv."""
+
     def __init__(self, slices, values):
         self.slices, self.values = slices, values
 
@@ -210,22 +214,32 @@ def _sliced(match: Match, arrays):
 
 
 def _reference(match: Match, q, k, v, cotangent) -> _Reference:
-    """Float64 out, dq, dk, dv of the attention on ``REFERENCE_SLICES`` (batch, head) pairs."""
+    """Float64 out, dq, dk, dv of the attention on ``REFERENCE_SLICES`` (batch, kv head)
+    pairs: each kv head with every query head of its group (dk and dv summed over them)."""
     key = match.key
-    qs, ks, vs = (np.transpose(x, p) for x, p in zip((q, k, v), match.perms))  # (B, T|S, N, D)
+    group = key.heads // key.kv_heads
+    qs, ks, vs = (np.transpose(x, p) for x, p in zip((q, k, v), match.perms))  # (B, T|S, N|K, D)
     ct = np.transpose(cotangent, np.argsort(match.out_perm))
-    pairs = [(b, h) for b in range(key.batch) for h in range(key.heads)]
+    pairs = [(b, j) for b in range(key.batch) for j in range(key.kv_heads)]
     rng = np.random.default_rng(1)
     picked = sorted(rng.choice(len(pairs), min(REFERENCE_SLICES, len(pairs)), replace=False))
-    bs, hs = np.array([pairs[i][0] for i in picked]), np.array([pairs[i][1] for i in picked])
-    outs = [[], [], [], []]
-    for b, h in zip(bs, hs):
-        for got, part in zip(outs, _attention_grads(qs[b, :, h], ks[b, :, h], vs[b, :, h], ct[b, :, h],
-                                                    match.scale, key.causal)):
-            got.append(part)
-    # each (B, T, N, D) array sliced at the picked pairs: (pairs, T, D)
-    slices = (bs, slice(None), hs, slice(None))
-    return _Reference(slices, [np.stack(o) for o in outs])
+    bs, js = np.array([pairs[i][0] for i in picked]), np.array([pairs[i][1] for i in picked])
+    outs, dks, dvs = [[], []], [], []
+    for b, j in zip(bs, js):
+        dk = dv = 0.0
+        for h in range(j * group, (j + 1) * group):
+            out, dq, dk_h, dv_h = _attention_grads(qs[b, :, h], ks[b, :, j], vs[b, :, j], ct[b, :, h],
+                                                   match.scale, key.causal)
+            outs[0].append(out)
+            outs[1].append(dq)
+            dk, dv = dk + dk_h, dv + dv_h
+        dks.append(dk)
+        dvs.append(dv)
+    # each (B, T, N, D) array sliced at the picked pairs' query heads, (B, S, K, D) at their kv heads
+    heads = (js[:, None] * group + np.arange(group)).ravel()
+    on_queries = (np.repeat(bs, group), slice(None), heads, slice(None))
+    on_kv = (bs, slice(None), js, slice(None))
+    return _Reference([on_queries, on_queries, on_kv, on_kv], [np.stack(o) for o in (*outs, dks, dvs)])
 
 
 def _attention_grads(q, k, v, dout, scale: float, causal: bool):

@@ -154,9 +154,57 @@ def test_jax_nn_dot_product_attentions_xla_implementation_is_found():
         assert match.key == AttentionKey(batch=B, heads=H, t=T, s=T, head_dim=D, dtype="bfloat16", causal=causal)
         assert match.scale == pytest.approx(scale, rel=1e-6) and match.out_perm == (0, 1, 2, 3)
         assert match.q.aval.shape == (B, T, H, D)  # the queries before their 5-D reshape
-    # several query heads per kv head (grouped-query attention): not read as one yet
-    assert matches(lambda q, k, v: jax.nn.dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True),
-                   Q, K, V) == []
+
+
+KV = (numerics.rand(8, B, T, 2, D, dtype="bfloat16"), numerics.rand(9, B, T, 2, D, dtype="bfloat16"))
+
+
+def jax_xla_grouped(q, k, v):
+    """Grouped-query attention as jax.nn.dot_product_attention takes it: 2 kv heads for
+    H query heads, unrepeated (its XLA implementation splits the queries' heads (2, H/2))."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
+def test_grouped_query_attention_given_to_jax_unrepeated_is_found():
+    for fn, causal in ((jax_xla_grouped, True), (lambda q, k, v: jax.nn.dot_product_attention(q, k, v), False),
+                       (lambda q, k, v: jax.nn.dot_product_attention(
+                           q, k, v, mask=jnp.tril(jnp.ones((B, 1, T, T), bool))), True)):
+        (match,) = matches(fn, Q, *KV)
+        assert match.key == AttentionKey(batch=B, heads=H, t=T, s=T, head_dim=D, dtype="bfloat16", causal=causal,
+                                         kv_heads=2)
+        assert match.q.aval.shape == (B, T, H, D) and match.out_perm == (0, 1, 2, 3)
+
+
+def _heads_split(order: str, mask=None):
+    """Grouped-query attention written by hand with the queries' heads split as ``order``:
+    "kg" as jax splits them (query head i reads kv head i // group), "gk" the other way
+    (i reads i % kv heads); ``mask`` (B, kv heads, group, T, S), or causal. Products by
+    lax.dot_general with the queries on the left, as jax writes them (jnp.einsum may put
+    the keys first, a form not read yet)."""
+    def fn(q, k, v):
+        b, t, n, d = q.shape
+        kv = k.shape[2]
+        qg = q.reshape(b, t, *((kv, n // kv) if order == "kg" else (n // kv, kv)), d)
+        kv_axis = 2 if order == "kg" else 3
+        scores = jax.lax.dot_general(qg, k, (((4,), (3,)), ((0, kv_axis), (0, 2)))) * d ** -0.5
+        scores = jnp.swapaxes(scores, 2, 3)  # (b, kv, g, t, s) from (b, kv, t, g, s)
+        keep = TRIL if mask is None else mask
+        probs = jax.nn.softmax(jnp.where(keep, scores, -1e9), axis=-1)
+        out = jnp.einsum("bkgts,bskd->btkgd" if order == "kg" else "bkgts,bskd->btgkd", probs, v)
+        return out.reshape(b, t, n, d)
+    return fn
+
+
+def test_grouped_queries_split_another_way_or_masked_per_query_head_are_not_found():
+    (match,) = matches(_heads_split("kg"), Q, *KV)  # jax's split, by hand: found
+    assert match.key.kv_heads == 2 and match.key.causal
+    np.testing.assert_array_equal(np.asarray(match.written(Q, *KV)), np.asarray(_heads_split("kg")(Q, *KV)))
+    assert matches(_heads_split("gk"), Q, *KV) == []  # query head i reads kv head i % 2: another attention
+    per_group = np.broadcast_to(TRIL, (B, 2, H // 2, T, T)).copy()
+    assert [m.key.causal for m in matches(_heads_split("kg", per_group), Q, *KV)] == [True]
+    per_head = per_group.copy()
+    per_head[:, :, 1] = True  # the second query head of each group sees every key
+    assert matches(_heads_split("kg", per_head), Q, *KV) == []
 
 
 def test_flax_nnx_multi_head_attention_is_found_causal():
@@ -285,6 +333,17 @@ def test_an_attention_key_round_trips_and_a_bad_one_names_what_is_wrong():
             AttentionKey.parse(text)
     with pytest.raises(ValueError, match="heads"):
         AttentionKey(batch=1, heads=0, t=1, s=1, head_dim=8, dtype="bfloat16", causal=False)
+
+
+def test_a_grouped_query_key_names_its_kv_heads_and_a_kept_key_reads_as_before():
+    grouped = AttentionKey(batch=8, heads=32, t=512, s=512, head_dim=128, dtype="bfloat16", causal=True, kv_heads=8)
+    assert AttentionKey.parse(grouped.canonical()) == grouped and "kv_heads=8" in grouped.canonical()
+    assert grouped.kv_shape == (8, 512, 8, 128) and grouped != dataclasses.replace(grouped, kv_heads=32)
+    # a key kept before kv heads were read: the same text, the same key
+    kept = "attention:batch=8,heads=12,t=1024,s=1024,head_dim=64,dtype=bfloat16,causal=true"
+    assert AttentionKey.parse(kept).canonical() == kept and AttentionKey.parse(kept).kv_heads == 12
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        AttentionKey(batch=1, heads=6, t=1, s=1, head_dim=8, dtype="bfloat16", causal=False, kv_heads=4)
 
 
 def test_a_decision_round_trips_and_a_bad_row_is_no_decision():
@@ -429,6 +488,25 @@ def test_fused_under_grad_gives_jaxs_values_and_gradients(fusing_on_cpu):
     assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
     for got, want in zip(grads, want_grads):
         assert got.dtype == want.dtype and numerics.rel_error(got, want) < 4e-2
+
+
+def test_grouped_query_attention_is_checked_against_its_own_reference_and_fused(fusing_on_cpu):
+    """The float64 reference of a grouped key (each kv head's gradient summed over its
+    query heads) agrees with the program as written (else nothing would be fused: a
+    rejected as-written program), so the fused one wins; fused under grad, jax's values
+    and gradients."""
+    def grouped_loss(q, k, v):
+        return jnp.mean(jax_xla_grouped(q, k, v).astype(jnp.float32) ** 2)
+
+    tuned = jax.jit(jax.value_and_grad(jat.autotune(grouped_loss), (0, 1, 2)))
+    with attention_tuning.decisions_seen() as seen:
+        value, grads = tuned(Q, *KV)
+    (decision,) = seen
+    assert (decision.winner, decision.rejected, decision.key.kv_heads) == ("xla", {}, 2)
+    want_value, want_grads = jax.value_and_grad(grouped_loss, (0, 1, 2))(Q, *KV)
+    assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
+    for got, want in zip(grads, want_grads):
+        assert got.shape == want.shape and numerics.rel_error(got, want) < 4e-2
 
 
 def test_forward_mode_and_vmap_run_the_attention_as_written(fusing_on_cpu):
