@@ -35,7 +35,7 @@ after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks e
 * ``jax_attention`` (not run by default): the same with ``jax.nn.dot_product_attention``
   naming no implementation (JAX's XLA one, what flax nnx's attention runs), and
   ``autotune_jax_attention``: that model through ``jat.autotune``, which fuses it where
-  each kv head serves one query head (GPT-2, ViT; Llama's grouped queries stay as written).
+  it wins (Llama's grouped queries too, given unrepeated).
 For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds (decode: ``jat.warmup(
 decode, params, cache, tokens, pos)``), the first step after warmup (compile only: the
 tuner must tune nothing), the median of the next steps, the first losses (decode: the mean
@@ -151,7 +151,8 @@ def timed_warmup(case) -> dict:
            "keys": len(report), "winners": sorted({e.winner for e in report}),
            "program_check": str(report.program) if report.program else "",
            "program_check_s": report.program.seconds if report.program else 0.0,
-           "warmup_phases_s": dict(report.seconds)}
+           "warmup_phases_s": dict(report.seconds),
+           "attention": [f"{d.key.describe()}: {d.winner}" for d in report.attention]}
     return {**row, **tuning_breakdown(decided)}
 
 
@@ -269,6 +270,7 @@ def model_table(model: str, rows: list[dict], sizes: dict) -> list[str]:
     checks = [f"- {r['variant']}: {r['program_check']}" for r in rows if r.get("program_check")]
     checks += [f"- {r['variant']} warmup: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in r["warmup_phases_s"].items())
                for r in rows if r.get("warmup_phases_s")]
+    checks += [f"- {r['variant']} attention: {a}" for r in rows for a in r.get("attention", [])]
     return lines + ([""] + checks if checks else []) + [""]
 
 
