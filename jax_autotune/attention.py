@@ -145,9 +145,14 @@ def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
     for index, eqn in enumerate(jaxpr.eqns):
         if eqn.primitive.name != "dot_general" or index in claimed:
             continue
-        try:
-            match = _match(jaxpr.eqns, index, uses, outputs, consts)
-        except Exception:  # noqa: BLE001 - not this pattern (_NoMatch), or one the walk cannot read
+        match = None
+        for side in (0, 1):  # the queries on the left of the scores' product, or on the right
+            try:
+                match = _match(jaxpr.eqns, index, uses, outputs, consts, side)
+                break
+            except Exception:  # noqa: BLE001 - not this pattern (_NoMatch), or one the walk cannot read
+                continue
+        if match is None:
             continue
         if not claimed.intersection(match.members):
             claimed.update(match.members)
@@ -155,13 +160,16 @@ def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
     return found
 
 
-def _scores_dims(eqn, group_axis: int | None = None):
-    """(batch dims, free dim, contracting dim) of the scores' dot's lhs and rhs, or raise;
-    ``group_axis``: the lhs's size-1 query-group axis, another free dim (the 5-D product
-    of ``jax.nn.dot_product_attention``'s XLA implementation, heads split as (kv heads, 1)).
+def _scores_dims(eqn, group_axis: int | None = None, side: int = 0):
+    """(batch dims, free dim, contracting dim) of the scores' dot's queries and keys, or
+    raise; ``side``: the queries' operand (0 lhs, 1 rhs); ``group_axis``: the queries'
+    query-group axis, another free dim (the 5-D product of ``jax.nn.dot_product_attention``'s
+    XLA implementation, heads split as (kv heads, group)).
     """
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)
+    if side:
+        (lc, rc), (lb, rb), (lhs, rhs) = (rc, lc), (rb, lb), (rhs, lhs)
     if len(lc) != 1 or len(rc) != 1 or len(lb) != 2 or len(rb) != 2 or lhs.ndim != 4 + (group_axis is not None) \
             or rhs.ndim != 4:
         raise _NoMatch("not a (batch, heads) batched product over one contracting dim")
@@ -189,13 +197,13 @@ def _fusable_precision(precision, dtype) -> bool:
                                  and all(p is None or p == jax.lax.Precision.DEFAULT for p in precision))
 
 
-def _grouped_queries(eqns, head: int, uses, consts):
+def _grouped_queries(eqns, head: int, uses, consts, side: int):
     """(the 4-D queries, the reshape's index, the group axis) where the scores' dot reads
     them reshaped to 5-D, their heads split as (kv heads, query group): a size-1 group
     axis anywhere, or the group axis right after the kv heads' (grouped-query attention,
     query head i reading kv head i // group, as ``jax.nn.dot_product_attention`` splits
     them), each read by that dot alone; None where it reads 4-D queries."""
-    grouped = eqns[head].invars[0]
+    grouped = eqns[head].invars[side]
     if not isinstance(grouped, Var) or grouped.aval.ndim != 5:
         return None
     producer = consts.producer.get(grouped)
@@ -204,7 +212,7 @@ def _grouped_queries(eqns, head: int, uses, consts):
         raise _NoMatch("5-D queries that are not 4-D ones reshaped")
     queries, shape = producer.invars[0], tuple(grouped.aval.shape)
     flat = tuple(queries.aval.shape)
-    (contracting, _), (batch, _) = eqns[head].params["dimension_numbers"]
+    contracting, batch = (dims[side] for dims in eqns[head].params["dimension_numbers"])
     for axis in sorted(set(range(5)) - set(contracting) - set(batch)):  # the group axis is a free one
         size_one = shape[axis] == 1 and shape[:axis] + shape[axis + 1:] == flat
         split = axis >= 1 and axis - 1 == batch[1] and \
@@ -215,16 +223,19 @@ def _grouped_queries(eqns, head: int, uses, consts):
     raise _NoMatch("5-D queries whose heads are not split as (kv heads, query group)")
 
 
-def _match(eqns, head: int, uses, outputs, consts) -> Match:
+def _match(eqns, head: int, uses, outputs, consts, side: int = 0) -> Match:
+    """The attention whose scores' product is ``eqns[head]``, its queries the operand
+    ``side`` (0 lhs, 1 rhs), or raise."""
     d1 = eqns[head]
-    grouped = _grouped_queries(eqns, head, uses, consts)
+    grouped = _grouped_queries(eqns, head, uses, consts, side)
     group_axis = grouped[2] if grouped else None
-    (lb, lfree, lc), (rb, rfree, rc) = _scores_dims(d1, group_axis)
-    q, k = d1.invars
+    # below, l* are the queries' dims, r* the keys'
+    (lb, lfree, lc), (rb, rfree, rc) = _scores_dims(d1, group_axis, side)
+    q, k = d1.invars[side], d1.invars[1 - side]
     head_dim = q.aval.shape[lc]
     # the scores' dims: batch dims, then the lhs's free dims in order, then the rhs's
-    lhs_free = sorted({lfree} | ({group_axis} if grouped else set()))
-    layout = ("b", "n", *("g" if axis == group_axis else "t" for axis in lhs_free), "s")
+    q_free = tuple("g" if axis == group_axis else "t" for axis in sorted({lfree, group_axis} - {None}))
+    layout = ("b", "n", *q_free, "s") if side == 0 else ("b", "n", "s", *q_free)
     batch, heads, t, s = (d1.outvars[0].aval.shape[layout.index(label)] for label in "bnts")  # kv heads
     group = d1.outvars[0].aval.shape[layout.index("g")] if grouped else 1
     kinds: dict[Any, Any] = {d1.outvars[0]: _Scores(1.0, None, layout, d1.outvars[0])}

@@ -177,17 +177,14 @@ def test_grouped_query_attention_given_to_jax_unrepeated_is_found():
 
 def _heads_split(order: str, mask=None):
     """Grouped-query attention written by hand with the queries' heads split as ``order``:
-    "kg" as jax splits them (query head i reads kv head i // group), "gk" the other way
-    (i reads i % kv heads); ``mask`` (B, kv heads, group, T, S), or causal. Products by
-    lax.dot_general with the queries on the left, as jax writes them (jnp.einsum may put
-    the keys first, a form not read yet)."""
+    "kg" as jax splits them (query head i reads kv head i // group; MaxText's einsums,
+    whose scores product jnp.einsum writes with the keys on the left), "gk" the other way
+    (i reads i % kv heads); ``mask`` (B, kv heads, group, T, S), or causal."""
     def fn(q, k, v):
         b, t, n, d = q.shape
         kv = k.shape[2]
         qg = q.reshape(b, t, *((kv, n // kv) if order == "kg" else (n // kv, kv)), d)
-        kv_axis = 2 if order == "kg" else 3
-        scores = jax.lax.dot_general(qg, k, (((4,), (3,)), ((0, kv_axis), (0, 2)))) * d ** -0.5
-        scores = jnp.swapaxes(scores, 2, 3)  # (b, kv, g, t, s) from (b, kv, t, g, s)
+        scores = jnp.einsum("btkgd,bskd->bkgts" if order == "kg" else "btgkd,bskd->bkgts", qg, k) * d ** -0.5
         keep = TRIL if mask is None else mask
         probs = jax.nn.softmax(jnp.where(keep, scores, -1e9), axis=-1)
         out = jnp.einsum("bkgts,bskd->btkgd" if order == "kg" else "bkgts,bskd->btgkd", probs, v)
@@ -205,6 +202,25 @@ def test_grouped_queries_split_another_way_or_masked_per_query_head_are_not_foun
     per_head = per_group.copy()
     per_head[:, :, 1] = True  # the second query head of each group sees every key
     assert matches(_heads_split("kg", per_head), Q, *KV) == []
+
+
+def test_scores_with_the_keys_on_the_left_are_found():
+    """The scores' product may take the keys as its lhs (jnp.einsum orders operands so);
+    the softmax's axis tells which operand holds the queries."""
+    def keys_first(q, k, v):
+        scores = jax.lax.dot_general(k, q, (((3,), (3,)), ((0, 2), (0, 2))))  # (b, h, s, t)
+        probs = jax.nn.softmax(jnp.where(TRIL, jnp.swapaxes(scores, 2, 3) * D ** -0.5, -1e9), axis=-1)
+        return jnp.einsum("bhts,bshd->bthd", probs, v)
+
+    (match,) = matches(keys_first, Q, K, V)
+    assert match.key == AttentionKey(batch=B, heads=H, t=T, s=T, head_dim=D, dtype="bfloat16", causal=True)
+    assert match.q.aval.shape == (B, T, H, D) and match.scale == pytest.approx(D ** -0.5, rel=1e-3)  # a bf16 constant
+    np.testing.assert_array_equal(np.asarray(match.written(Q, K, V)), np.asarray(keys_first(Q, K, V)))
+    def queries_summed(q, k, v):  # the softmax along the queries' axis, the keys' summed: no attention
+        probs = jax.nn.softmax(jax.lax.dot_general(k, q, (((3,), (3,)), ((0, 2), (0, 2)))) * D ** -0.5, axis=-1)
+        return jnp.einsum("bhst,bshd->bthd", probs, v)
+
+    assert matches(queries_summed, Q, K, V) == []
 
 
 def test_flax_nnx_multi_head_attention_is_found_causal():
@@ -495,18 +511,19 @@ def test_grouped_query_attention_is_checked_against_its_own_reference_and_fused(
     query heads) agrees with the program as written (else nothing would be fused: a
     rejected as-written program), so the fused one wins; fused under grad, jax's values
     and gradients."""
-    def grouped_loss(q, k, v):
-        return jnp.mean(jax_xla_grouped(q, k, v).astype(jnp.float32) ** 2)
+    for attention in (jax_xla_grouped, _heads_split("kg")):  # jax's, and MaxText's einsums (keys on the left)
+        def grouped_loss(q, k, v, attention=attention):
+            return jnp.mean(attention(q, k, v).astype(jnp.float32) ** 2)
 
-    tuned = jax.jit(jax.value_and_grad(jat.autotune(grouped_loss), (0, 1, 2)))
-    with attention_tuning.decisions_seen() as seen:
-        value, grads = tuned(Q, *KV)
-    (decision,) = seen
-    assert (decision.winner, decision.rejected, decision.key.kv_heads) == ("xla", {}, 2)
-    want_value, want_grads = jax.value_and_grad(grouped_loss, (0, 1, 2))(Q, *KV)
-    assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
-    for got, want in zip(grads, want_grads):
-        assert got.shape == want.shape and numerics.rel_error(got, want) < 4e-2
+        tuned = jax.jit(jax.value_and_grad(jat.autotune(grouped_loss), (0, 1, 2)))
+        with attention_tuning.decisions_seen() as seen:
+            value, grads = tuned(Q, *KV)
+        (decision,) = seen
+        assert (decision.winner, decision.rejected, decision.key.kv_heads) == ("xla", {}, 2)
+        want_value, want_grads = jax.value_and_grad(grouped_loss, (0, 1, 2))(Q, *KV)
+        assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
+        for got, want in zip(grads, want_grads):
+            assert got.shape == want.shape and numerics.rel_error(got, want) < 4e-2
 
 
 def test_forward_mode_and_vmap_run_the_attention_as_written(fusing_on_cpu):
