@@ -305,7 +305,8 @@ def _output_dot(eqn, kinds, shape):
             len(vc) != 1 or len(vb) != 2 or v.aval.ndim != 4:
         return None
     if not isinstance(v, (Var, Literal)) or v.aval.dtype != eqn.invars[0].aval.dtype or \
-            eqn.invars[0].aval.dtype != eqn.invars[1].aval.dtype:
+            eqn.invars[0].aval.dtype != eqn.invars[1].aval.dtype or \
+            not _fusable_precision(eqn.params.get("precision"), v.aval.dtype):
         return None
     v_free = ({0, 1, 2, 3} - set(vb) - set(vc)).pop()
     v_perm = (vb[0], vc[0], vb[1], v_free)

@@ -236,12 +236,15 @@ def test_flax_nnx_multi_head_attention_is_found_causal():
 
 @pytest.mark.parametrize("fn", [
     # a bias that is no mask, a mask that is not causal, the scores read twice, an asked-for precision
+    # (the scores' or the output's)
     lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) + 1.0), v),
     lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
         jnp.where(np.triu(np.ones((T, T), bool)), jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9)), v),
     lambda q, k, v: (jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s := jnp.einsum("bqhd,bkhd->bhqk", q, k)), v), s),
     lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
         jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest")), v),
+    lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k)), v,
+                               precision=jax.lax.DotAlgorithmPreset.F32_F32_F32),
     lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.sigmoid(jnp.einsum("bqhd,bkhd->bhqk", q, k)), v),
 ])
 def test_what_is_not_plain_softmax_attention_is_not_found(fn):
