@@ -185,7 +185,7 @@ def _heads_split(order: str, mask=None):
         kv = k.shape[2]
         qg = q.reshape(b, t, *((kv, n // kv) if order == "kg" else (n // kv, kv)), d)
         scores = jnp.einsum("btkgd,bskd->bkgts" if order == "kg" else "btgkd,bskd->bkgts", qg, k) * d ** -0.5
-        keep = TRIL if mask is None else mask
+        keep = np.tril(np.ones((t, t), bool)) if mask is None else mask
         probs = jax.nn.softmax(jnp.where(keep, scores, -1e9), axis=-1)
         out = jnp.einsum("bkgts,bskd->btkgd" if order == "kg" else "bkgts,bskd->btgkd", probs, v)
         return out.reshape(b, t, n, d)

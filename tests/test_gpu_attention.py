@@ -33,3 +33,31 @@ def test_forward_mode_through_a_fused_attention_runs_it_as_written(fresh_tuning)
     _, tangent = jax.jvp(jat.autotune(loss), (q, k, v), (q, k, v))
     _, want = jax.jvp(loss, (q, k, v), (q, k, v))
     assert numerics.rel_error(tangent, want) < 3e-2
+
+
+@pytest.mark.parametrize("written", ["jax", "maxtext"])
+def test_cudnn_is_right_on_grouped_query_attention_and_the_gradients_are_jaxs(fresh_tuning, written):
+    """Llama's attention shape (32 query heads on 8 kv heads), k and v given unrepeated: to
+    jax.nn.dot_product_attention's XLA implementation, or as MaxText's einsums write it
+    (the keys on the left of the scores' product). cuDNN's result passes the float64 check
+    (it is timed, not rejected), and the step's gradients are JAX's whichever wins."""
+    from test_attention import _heads_split
+
+    b, t, h, kv, d = 2, 1024, 32, 8, 128
+    q = numerics.rand(0, b, t, h, d, dtype="bfloat16")
+    k, v = (numerics.rand(i, b, t, kv, d, dtype="bfloat16") for i in (1, 2))
+    attention = (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")) \
+        if written == "jax" else _heads_split("kg")
+
+    def grouped_loss(q, k, v):
+        return jax.numpy.mean(attention(q, k, v).astype("float32") ** 2)
+
+    with attention_tuning.decisions_seen() as seen:
+        value, grads = jax.jit(jax.value_and_grad(jat.autotune(grouped_loss), (0, 1, 2)))(q, k, v)
+    (decision,) = seen
+    assert (decision.key.heads, decision.key.kv_heads, decision.key.causal) == (h, kv, True)
+    assert set(decision.seconds) == {AS_WRITTEN, "cudnn"}, decision.rejected
+    want_value, want_grads = jax.value_and_grad(grouped_loss, (0, 1, 2))(q, k, v)
+    assert abs(float(value) - float(want_value)) < 2e-2 * abs(float(want_value))
+    for got, want in zip(grads, want_grads):
+        assert got.shape == want.shape and numerics.rel_error(got, want) < 4e-2
