@@ -5,12 +5,12 @@ For an attention's key (``AttentionKey``) the candidates are the attention as wr
 ``jax.nn.dot_product_attention`` this device has (``implementations``: cuDNN's on a CUDA
 GPU, for f16/bf16 and head dims up to 128 in multiples of 8). Each is compiled as a
 training step sees it, forward and backward (``jax.vjp`` with a random cotangent; all of
-them at once, on threads), run on
-fresh random q, k and v, checked against a float64 reference on sampled (batch, kv head)
-slices, each with the query heads that read it (output and the three gradients,
-norm-wise, the dtype's tolerance; twice it for gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program is
-checked too: where it disagrees with the reference, the pattern was misread and nothing is
-fused. The fastest right one wins; the decision is kept by key
+them at once, on threads), run on fresh random q, k and v, checked against a float64
+reference on sampled (batch, kv head) slices, each with the query heads that read it
+(output and the three gradients, norm-wise, the dtype's tolerance; twice it for
+gradients), and timed (the device timer's clock: CUPTI on a GPU). The as-written program
+is checked too: where it disagrees with the reference, the pattern was misread and
+nothing is fused. The fastest right one wins; the decision is kept by key
 (``tuning.attention_decisions``) and the next process reads it, unchecked: another
 attention of the same key takes it, so ``attention.find`` must read each one right.
 
