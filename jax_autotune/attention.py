@@ -145,19 +145,22 @@ def find(jaxpr: Jaxpr, consts=()) -> list[Match]:
     for index, eqn in enumerate(jaxpr.eqns):
         if eqn.primitive.name != "dot_general" or index in claimed:
             continue
-        match = None
-        for side in (0, 1):  # the queries on the left of the scores' product, or on the right
-            try:
-                match = _match(jaxpr.eqns, index, uses, outputs, consts, side)
-                break
-            except Exception:  # noqa: BLE001 - not this pattern (_NoMatch), or one the walk cannot read
-                continue
-        if match is None:
-            continue
-        if not claimed.intersection(match.members):
+        match = _read(jaxpr.eqns, index, uses, outputs, consts)
+        if match is not None and not claimed.intersection(match.members):
             claimed.update(match.members)
             found.append(match)
     return found
+
+
+def _read(eqns, index: int, uses, outputs, consts) -> Match | None:
+    """The attention whose scores' product is ``eqns[index]``, the queries on its left or
+    its right (the softmax's axis tells them apart); None where there is none."""
+    for side in (0, 1):
+        try:
+            return _match(eqns, index, uses, outputs, consts, side)
+        except Exception:  # noqa: BLE001 - not this pattern (_NoMatch), or one the walk cannot read
+            continue
+    return None
 
 
 def _scores_dims(eqn, group_axis: int | None = None, side: int = 0):
