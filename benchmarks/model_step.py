@@ -206,6 +206,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=240.0)
     parser.add_argument("--key-threads", type=int, default=None,
                         help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
+    parser.add_argument("--keep-stores", default=None, metavar="DIR",
+                        help="keep each variant's tune store in a new DIR/<model>_<variant>_* (default: a temporary folder)")
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
@@ -216,7 +218,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
-            env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=tempfile.mkdtemp(prefix=f"model_step_{model}_{variant}_"))
+            env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=store_dir(args.keep_stores, model, variant))
             try:
                 rows.append(child_result(__file__, ["--model", model, "--variant", variant, *options], env,
                                          args.timeout_s))
@@ -233,6 +235,18 @@ def main() -> None:
                      if word != default)
     write_results(args.out, f"model_step_{datetime.date.today().isoformat()}{suffix}", text,
                   {"rows": rows, "command": command, "size": args.size, "param_dtype": args.param_dtype})
+
+
+def store_dir(keep: str | None, model: str, variant: str) -> str:
+    """A fresh folder for one variant's tune store: a new ``keep/<model>_<variant>_*``, to read
+    its decisions afterwards, else a temporary one.
+
+        >>> store_dir("/tmp/stores", "gpt2", "autotune")
+        '/tmp/stores/gpt2_autotune_k2x9'
+    """
+    if keep is not None:
+        os.makedirs(keep, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{model}_{variant}_" if keep else f"model_step_{model}_{variant}_", dir=keep)
 
 
 def report(rows, command, jax_version, device, sizes: dict | None = None) -> str:
