@@ -151,6 +151,8 @@ def timed_warmup(case) -> dict:
            "keys": len(report), "winners": sorted({e.winner for e in report}),
            "program_check": str(report.program) if report.program else "",
            "program_check_s": report.program.seconds if report.program else 0.0,
+           "plain_compile_s": report.program.plain_compile_seconds if report.program else None,
+           "plain_compile_wait_s": report.program.plain_compile_wait_seconds if report.program else None,
            "warmup_phases_s": dict(report.seconds),
            "attention": [f"{d.key.describe()}: {d.winner}" for d in report.attention]}
     return {**row, **tuning_breakdown(decided)}

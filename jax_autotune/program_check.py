@@ -72,7 +72,8 @@ class ProgramCheck:
     """What ``check`` found for one program: the times plain, tuned, and with the keys
     ``left_plain``; ``compiles`` made and ``seconds`` spent; ``source`` "checked",
     "stored" (an earlier check's result, nothing compiled) or "xla" (every key's winner is
-    XLA's dot: every key left plain, nothing compiled or timed, the times 0)."""
+    XLA's dot: every key left plain, nothing compiled or timed, the times 0);
+    ``plain_compile_seconds`` where the plain program compiled early, beside the tunings."""
 
     plain_seconds: float
     tuned_seconds: float
@@ -82,6 +83,10 @@ class ProgramCheck:
     compiles: int = 0
     seconds: float = 0.0
     source: str = "checked"
+    # the plain program's compile where it began while the keys tuned (``WallClock.start_plain``):
+    # its wall seconds, and of those the seconds it waited for the device
+    plain_compile_seconds: float | None = None
+    plain_compile_wait_seconds: float | None = None
 
     def __str__(self) -> str:
         def ms(seconds):
@@ -134,8 +139,10 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
                 left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
     finally:
         _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
+    early = getattr(timed, "plain_compile", None)
     found = ProgramCheck(plain, tuned, final, len(keys), tuple(left), getattr(timed, "compiles", 0),
-                         time.perf_counter() - started)
+                         time.perf_counter() - started, plain_compile_seconds=early and early[0],
+                         plain_compile_wait_seconds=early and early[1])
     record = programs.ProgramRecord(plain, tuned, final, tuple(k.canonical() for k in left))
     for program in program_ids:
         programs.remember(tuner, program, record)
@@ -227,6 +234,7 @@ class WallClock:
         self.compiles = 0
         self._plain = None
         self._plain_future: concurrent.futures.Future | None = None
+        self.plain_compile: tuple[float, float] | None = None  # start_plain's (seconds, device wait)
         self._lowering = threading.Lock()  # one lowering at a time: each reads its set from ``programs``
         self._timed: dict[frozenset, tuple[float, float]] = {}
 
@@ -235,9 +243,13 @@ class WallClock:
         The compile holds the device alone (``DEVICE_LOCK``): XLA's GEMM autotuner times
         the program's dots on the device meanwhile, as it does in a candidate's compile."""
         def plain():
+            started, waited = time.perf_counter(), DEVICE_LOCK.waited_seconds()
             lowered = self._lowered(self.every_key)
-            with DEVICE_LOCK.exclusive():
-                return lowered.compile()
+            try:
+                with DEVICE_LOCK.exclusive():
+                    return lowered.compile()
+            finally:
+                self.plain_compile = (time.perf_counter() - started, DEVICE_LOCK.waited_seconds() - waited)
 
         pool = concurrent.futures.ThreadPoolExecutor(1)
         self.compiles += 1

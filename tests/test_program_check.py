@@ -288,6 +288,7 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
     if check.source == "checked":  # the plain program compiled once, early, alone on the device
         assert plain_compiles == [True] and check.compiles >= 2
         assert check.plain_seconds > 0 and check.tuned_seconds > 0
+        assert 0 <= check.plain_compile_wait_seconds <= check.plain_compile_seconds  # its own record
     assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
 
 
