@@ -65,6 +65,8 @@ def summary(decision: dict) -> dict:
     best = scores.get(decision["winner"])
     return {"key": short_key(decision["key_string"]), "winner": decision["winner"], "source": decision.get("source", ""),
             "tuning_s": decision.get("tuning_seconds"), "compiled": len(compiled),
+            "phases_s": (decision.get("bounds") or {}).get("phase_seconds", {}),
+            "compile_wait_s": sum(r.get("compile_wait_seconds") or 0.0 for r in compiled),
             "compile_s": sum(r["compile_seconds"] for r in compiled),
             "candidates": [{"name": r["name"], "family": family(r["name"]), "outcome": r["outcome"],
                             "compile_s": r["compile_seconds"],
@@ -97,6 +99,10 @@ def report(db: str, keys: list[dict]) -> str:
              f"{sum(k['compile_s'] for k in keys):.1f} s summed; tuning "
              f"{sum(k['tuning_s'] or 0 for k in keys):.1f} s summed"
              + (f", median {statistics.median(k['tuning_s'] or 0 for k in keys):.2f} s" if keys else ""), "",
+             "Summed over keys, by phase of a key's tuning: "
+             + ", ".join(f"{phase} {sum(k['phases_s'].get(phase, 0.0) for k in keys):.1f} s"
+                         for phase in dict.fromkeys(p for k in keys for p in k["phases_s"]))
+             + f"; compiles waiting for the device {sum(k['compile_wait_s'] for k in keys):.1f} s", "",
              "| key | winner | compiled | compile s | tuning s |", "|---|---|---|---|---|"]
     for k in sorted(keys, key=lambda k: -(k["tuning_s"] or 0)):
         lines.append(f"| {k['key']} | {k['winner']} | {k['compiled']} | {k['compile_s']:.1f} | "
