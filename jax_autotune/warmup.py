@@ -32,10 +32,11 @@ skips it).
 
 In a jax.distributed job, every process walks the same key list from its own offset, so
 the processes tune different keys first and each ends with every decision. On a GPU two
-keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. On a
-GPU, XLA's GEMM autotuner first tunes the XLA dots of every key to be tuned, many in one
-compile (``Tuner.prime``), which keeps all cores busy; each key's own compiles of them
-then take XLA's kept choices.
+keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. First
+(``Tuner.prime``), on a GPU, XLA's GEMM autotuner tunes the XLA dots of every key to be
+tuned, many in one compile, which keeps all cores busy (each key's own compiles of them
+then take XLA's kept choices), and the device's probes those keys need are measured, before
+the plain program's compile takes the device.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
 # a warmup's phases, in order (``WarmupReport.seconds``): tracing fn (deciding its attentions
-# too), XLA's GEMM autotuning of the keys' dots in one compile (GPUs), the keys' tunings, the
-# program check
+# too), readying the device (XLA's GEMM autotuning of the keys' dots in one compile on GPUs,
+# the probes), the keys' tunings, the program check
 PHASES = ("trace", "prime", "tune", "check")
 
 
@@ -264,7 +265,8 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
            seconds: dict[str, float], then: Callable[[], None] | None = None) -> list[WarmupEntry]:
     """Each key of ``work`` decided (tuned where it must be), in the report's order; the
     phases' wall seconds (prime, tune) added to ``seconds``. ``then()`` is called between
-    the phases: after XLA's autotuning of every key's dots, which holds the device alone."""
+    the phases: after XLA's autotuning of every key's dots and the probes, which hold the
+    device alone."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
@@ -276,7 +278,7 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
-    # on a GPU: XLA autotunes every (dense) key's dots in one compile
+    # XLA autotunes every (dense) key's dots in one compile (GPUs); the probes are measured
     with _phase(seconds, "prime"):
         tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
     if then is not None:

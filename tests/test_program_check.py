@@ -272,8 +272,15 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
     def lowering(clock, left):
         if left != clock.every_key:
             return lowered(clock, left)
+        asked.append("plain")
         plain_lowering.set()
         return Plain(lowered(clock, left))
+
+    asked, peaks_for = [], tuner.probes.peaks_for  # the probes, then the plain program
+
+    def probing(problem):
+        asked.append(problem)
+        return peaks_for(problem)
 
     def selecting(*args, **kwargs):  # each key tunes only once the plain program is under way
         assert plain_lowering.wait(timeout=30), "the plain program waited for the keys' tuning"
@@ -281,6 +288,7 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
 
     monkeypatch.setattr(program_check.WallClock, "_lowered", lowering)
     monkeypatch.setattr(tuner, "select", selecting)
+    monkeypatch.setattr(tuner.probes, "peaks_for", probing)
     monkeypatch.setattr(DEVICE_LOCK, "exclusive", holding_alone)
     step, params = jat.autotune(loss), (W1, W2, B)
     check = jat.warmup(step, params, X, grad=True).program
@@ -289,6 +297,9 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
         assert plain_compiles == [True] and check.compiles >= 2
         assert check.plain_seconds > 0 and check.tuned_seconds > 0
         assert 0 <= check.plain_compile_wait_seconds <= check.plain_compile_seconds  # its own record
+    # every probe a key read was measured before the plain program took the device (prime)
+    before = asked[:asked.index("plain")]
+    assert before and all(problem in before for problem in asked[asked.index("plain") + 1:])
     assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
 
 

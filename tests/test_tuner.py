@@ -503,3 +503,35 @@ def test_a_fused_candidate_is_judged_by_its_products_kernel_and_a_wrong_one_stay
     assert {"slow", "slow_fused", "bad"}.isdisjoint(timer.prepared)
     assert "wrong_result on the same product" in in_context.result("bad").error
     assert "lost by 2.00x" in in_context.result("slow_fused").error and in_context.winner == "fast"
+
+
+class CountingProbes(FakeProbes):
+    def __init__(self, error=None):
+        super().__init__(error)
+        self.asked: list[MatmulProblem] = []
+
+    def peaks_for(self, problem):
+        self.asked.append(problem)
+        return super().peaks_for(problem)
+
+
+def test_prime_measures_the_probes_of_the_keys_it_will_tune_and_no_others(store):
+    """warmup's prime phase measures the probes before anything else may hold the device
+    (the plain program's compile): a key's tuning must not wait for them behind it."""
+    other = MatmulProblem(1, 32, 8, 12, "float32", "float32", "float32")
+    known = MatmulProblem(1, 48, 8, 12, "float32", "float32", "float32")
+    probes = CountingProbes()
+    tuner = make_tuner(store, probes=probes)
+    tuner.select(known)  # decided already: nothing to measure for it
+    probes.asked.clear()
+    work = [(p.key(), p) for p in (PROBLEM, other, known, PROBLEM)]
+    assert tuner.prime(work) == 0  # no XLA priming on a CPU
+    assert probes.asked == [PROBLEM, other]
+    assert tuner.prime(work, Policy(mode="cached")) == 0 and probes.asked == [PROBLEM, other]  # tunes nothing
+
+
+def test_prime_leaves_a_failing_probe_to_the_keys_own_tuning(store):
+    tuner = make_tuner(store, probes=FakeProbes(error=RuntimeError("CUPTI busy")))
+    assert tuner.prime([(PROBLEM.key(), PROBLEM)]) == 0  # no exception
+    decision = tuner.select(PROBLEM)
+    assert decision.source == "fallback" and "CUPTI busy" in decision.reason

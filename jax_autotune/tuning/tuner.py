@@ -208,18 +208,29 @@ class Tuner:
         return self._tune(key or problem.key(policy.level), problem, policy)
 
     def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]], policy: Policy = DEFAULT_POLICY) -> int:
-        """On a GPU, autotune in one compile the XLA dots of every key of ``work`` that
-        will be tuned (``tuning.xla_priming``): their tunings then take XLA's kept
-        choices. How many XLA-based candidates it primed.
+        """Ready the device for the keys of ``work`` that will be tuned: on a GPU, autotune
+        their XLA dots in one compile (``tuning.xla_priming``; their tunings then take
+        XLA's kept choices); then measure the probes they need (``tuning.probes``), so that
+        no tuning waits for them behind other work that holds the device (``warmup``'s
+        plain program compiling). How many XLA-based candidates it primed.
 
             >>> tuner.prime([(problem.key(), problem) for problem in problems])
             14
         """
-        if self.device.platform != "gpu" or not policy.tunes:
+        if not policy.tunes:
             return 0
-        pairs = [(problem, candidate) for key, problem in work if self.known.lookup(key) is None
-                 for candidate in xla_round(make_plan(self.candidate_set, key, self.device))]
-        return xla_priming.prime(pairs, self._jax_device())
+        plans = [(problem, make_plan(self.candidate_set, key, self.device)) for key, problem in work
+                 if self.known.lookup(key) is None]
+        primed = 0
+        if self.device.platform == "gpu":
+            pairs = [(problem, candidate) for problem, plan in plans for candidate in xla_round(plan)]
+            primed = xla_priming.prime(pairs, self._jax_device())
+        for problem in dict.fromkeys(problem for problem, plan in plans if plan.runnable):
+            try:
+                self.probes.peaks_for(problem)  # measured once per device; the keys read them
+            except Exception:  # noqa: BLE001 - the key's own tuning measures it again, and records a failure
+                pass
+        return primed
 
     # ---------------------------------------------------------------- what a lowering emits
     def emitted(self, problem: MatmulProblem, decision: Decision, for_export: bool,
