@@ -278,9 +278,13 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
-    # XLA autotunes every (dense) key's dots in one compile (GPUs); the probes are measured
+    # XLA autotunes every (dense) key's dots in one compile (GPUs); the probes of every key,
+    # grouped ones too (their tuner has no XLA-autotuned candidate), are measured
     with _phase(seconds, "prime"):
-        tuner.prime([(key, problem) for key, problem in first_problem.items() if not key.groups], policy)
+        for grouped in (False, True):
+            pairs = [(key, problem) for key, problem in first_problem.items() if bool(key.groups) == grouped]
+            if pairs:
+                _tuner_of(pairs[0][0], tuner).prime(pairs, policy)
     if then is not None:
         then()
     with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \

@@ -395,3 +395,19 @@ def test_warmup_tunes_the_grouped_keys_of_an_autotuned_function_with_the_grouped
     names = set(kernels.ragged_candidate_set(CPU).names())
     assert all(e.winner in names for e in grouped)
     assert all(ragged_tuner_for("cpu").known.lookup(e.key) is not None for e in grouped)
+
+
+def test_warmup_measures_the_grouped_keys_probes_before_any_key_tunes(fresh_tuning, monkeypatch):
+    """The probes hold the device alone: measured in the prime phase, before the plain
+    program's compile may hold it, a grouped key's tuning never waits for them."""
+    params, tokens = moe_params(), jax.random.normal(jax.random.key(1), (40, 16))
+    probes, events = ragged_tuner_for("cpu").probes, []
+    peaks_for, select = probes.peaks_for, Tuner.select
+    monkeypatch.setattr(probes, "peaks_for", lambda problem: events.append(("probe", problem)) or peaks_for(problem))
+    monkeypatch.setattr(Tuner, "select", lambda self, problem, *a, **k: events.append(("select", problem))
+                        or select(self, problem, *a, **k))
+    report = jat.warmup(jat.autotune(moe_loss), params, tokens, grad=True, compare=False)
+    grouped = {e.problem for e in report.entries if e.key.groups}
+    first_select = next(i for i, (what, _) in enumerate(events) if what == "select")
+    probed_first = {problem for what, problem in events[:first_select] if what == "probe"}
+    assert grouped and grouped <= probed_first
