@@ -139,10 +139,10 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
                 left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
     finally:
         _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
-    early = getattr(timed, "plain_compile", None)
+    early_seconds, early_wait = getattr(timed, "plain_compile", None) or (None, None)
     found = ProgramCheck(plain, tuned, final, len(keys), tuple(left), getattr(timed, "compiles", 0),
-                         time.perf_counter() - started, plain_compile_seconds=early and early[0],
-                         plain_compile_wait_seconds=early and early[1])
+                         time.perf_counter() - started, plain_compile_seconds=early_seconds,
+                         plain_compile_wait_seconds=early_wait)
     record = programs.ProgramRecord(plain, tuned, final, tuple(k.canonical() for k in left))
     for program in program_ids:
         programs.remember(tuner, program, record)

@@ -278,13 +278,14 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
     # with a device timer, keys tune side by side: one key's compiles overlap another's
     # timing (every timing holds the device alone); a host clock needs the host quiet
     threads = KEY_THREADS if tuner.timer.measures_device_time else 1
-    # XLA autotunes every (dense) key's dots in one compile (GPUs); the probes of every key,
-    # grouped ones too (their tuner has no XLA-autotuned candidate), are measured
+    # each key's tuner readies the device for it: XLA autotunes the dense keys' dots in one
+    # compile (GPUs; the grouped tuner has no XLA-autotuned candidate), the probes are measured
+    by_tuner: dict = {}
+    for key, problem in first_problem.items():
+        by_tuner.setdefault(_tuner_of(key, tuner), []).append((key, problem))
     with _phase(seconds, "prime"):
-        for grouped in (False, True):
-            pairs = [(key, problem) for key, problem in first_problem.items() if bool(key.groups) == grouped]
-            if pairs:
-                _tuner_of(pairs[0][0], tuner).prime(pairs, policy)
+        for each, pairs in by_tuner.items():
+            each.prime(pairs, policy)
     if then is not None:
         then()
     with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \
