@@ -36,10 +36,12 @@ from jax_autotune.sharding import ShardingTypeError, explicit_sharding
 _LAX_DOT_GENERAL_PARAMS = set(inspect.signature(lax.dot_general).parameters)
 
 
-def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision):
+def _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision,
+             lhs_copied=False, rhs_copied=False):
     return MatmulProblem(batch=batch, m=m, n=n, k=k, lhs_dtype=lhs.dtype.name, rhs_dtype=rhs.dtype.name,
                          out_dtype=np.dtype(out_dtype).name, transpose_a=transpose_a,
-                         transpose_b=transpose_b, precision=precision)
+                         transpose_b=transpose_b, precision=precision, lhs_copied=lhs_copied,
+                         rhs_copied=rhs_copied)
 
 
 def _tuned(op: str, lhs, rhs, precision, preferred_element_type):
@@ -165,16 +167,26 @@ def _canonical_layout(shape, batch: tuple, free: tuple, contract: tuple, free_fi
     (B, F, C) (free_first) or (B, C, F).
 
     Picks the stored order that needs no data movement when one exists: a transposed
-    operand becomes a transposed-layout problem, not a materialised transpose.
+    operand becomes a transposed-layout problem, not a materialised transpose. Where both
+    move data (the batch dims are not outermost), the one that keeps the minor dim in place
+    (a copy of whole rows).
     """
     natural = batch + free + contract if free_first else batch + contract + free
     swapped = batch + contract + free if free_first else batch + free + contract
     identity = tuple(range(len(shape)))
-    transposed = natural != identity and swapped == identity
+    minor = len(shape) - 1
+    transposed = natural != identity and (swapped == identity or (swapped[-1:] == (minor,) != natural[-1:]))
     order = swapped if transposed else natural
     size = lambda dims: math.prod(shape[d] for d in dims)  # noqa: E731
     first, second = (free, contract) if free_first != transposed else (contract, free)
     return order, transposed, (size(batch), size(first), size(second))
+
+
+def _copies(shape, order: tuple) -> bool:
+    """Whether putting an operand of ``shape`` in ``order`` moves data: a transpose of more
+    than one non-unit dim (a reshape of the result is then free)."""
+    moved = [d for d in order if shape[d] != 1]
+    return moved != sorted(moved)
 
 
 def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first: bool):
@@ -322,12 +334,13 @@ def _bound(lhs, rhs, dims, tuned, out_shape, out_sharding, plain, epilogue: Epil
     in_context = epilogue is not None
     if lhs.size == 0 or rhs.size == 0:
         return jnp.zeros(out_shape, out_dtype)
-    _, transpose_a, (batch, _, _) = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
-    _, transpose_b, _ = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
+    lhs_order, transpose_a, (batch, _, _) = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
+    rhs_order, transpose_b, _ = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
-    problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision_level)
+    problem = _problem(batch, m, n, k, lhs, rhs, out_dtype, transpose_a, transpose_b, precision_level,
+                       _copies(lhs.shape, lhs_order), _copies(rhs.shape, rhs_order))
     if _left_plain(problem, epilogue):
         return LEFT_PLAIN if in_context else plain()
     lhs3 = _canonical_operand(lhs, lb, lfree, lc, free_first=True)

@@ -16,6 +16,8 @@ the reference's (CubeCL's ``MatmulAutotuneKey``):
 * a grouped matmul (``lax.ragged_dot``): its number of groups, exact, and which dim is
   ragged (``RAGGED_MODES``); a dense key has neither and is written as before. The
   group sizes are runtime values: they are not in the key (``jax_autotune.splits``).
+* an operand the program copies into its stored layout (``MatmulProblem.lhs_copied``):
+  the copy is part of what a kernel costs there; a key without one is written as before.
 
 A ``MatmulKey`` is derived here, from a ``MatmulProblem`` (``jax_autotune.problem``) at a
 level the caller passes in (``key_of``; ``MatmulProblem.key`` calls it): this module reads
@@ -302,6 +304,8 @@ class MatmulKey:
     epilogue: Epilogue = BARE
     groups: int = 0  # a grouped matmul's number of groups; 0: dense
     ragged: str = ""  # its ragged dim (``RAGGED_MODES``)
+    lhs_copied: bool = False  # the program copies lhs into its stored layout (its prologue)
+    rhs_copied: bool = False
     level: str = dataclasses.field(default=Level.BALANCED.value, compare=False)
 
     def canonical(self) -> str:
@@ -327,8 +331,8 @@ class MatmulKey:
                 if isinstance(value, Epilogue) and value.is_bare:
                     continue
                 value = str(value)
-            elif field.name in _DENSE_DEFAULTS and value == _DENSE_DEFAULTS[field.name]:
-                continue  # a dense key: written as before grouped matmuls existed
+            elif field.name in _OMITTED_AT_DEFAULT and value == _OMITTED_AT_DEFAULT[field.name]:
+                continue  # a dense key, no copies: written as before these fields existed
             out[field.name] = value
         return out
 
@@ -341,14 +345,14 @@ class MatmulKey:
             "lhs_layout": Layout.parse, "rhs_layout": Layout.parse,
             "precision": Precision, "scale": Scale, "kind": Kind,
             "lhs_dtype": dtype_name, "rhs_dtype": dtype_name, "out_dtype": dtype_name,
-            "epilogue": Epilogue.parse,
+            "epilogue": Epilogue.parse, "lhs_copied": _flag, "rhs_copied": _flag,
         }
         values = {}
         for field in dataclasses.fields(cls):
             if not field.compare:  # the level: never stored
                 continue
             if field.name not in data:
-                if field.name == "epilogue" or field.name in _DENSE_DEFAULTS:  # bare, dense
+                if field.name == "epilogue" or field.name in _OMITTED_AT_DEFAULT:  # bare, dense, no copies
                     continue
                 raise ValueError(f"MatmulKey: missing field {field.name!r}")
             raw = data[field.name]
@@ -369,8 +373,10 @@ class MatmulKey:
 
     def describe(self) -> str:
         """A compact one-line form, e.g. ``1024x1024x1024 float32 NT DEFAULT`` (per operand
-        N: contiguous, T: transposed, B: batch-swapped, P: highly permuted)."""
-        layouts = _layout_letter(self.lhs_layout) + _layout_letter(self.rhs_layout)
+        N: contiguous, T: transposed, B: batch-swapped, P: highly permuted, and a trailing
+        c where the program copies it into that layout)."""
+        layouts = (_layout_letter(self.lhs_layout) + "c" * self.lhs_copied
+                   + _layout_letter(self.rhs_layout) + "c" * self.rhs_copied)
         return compact_form(self.batch, self.m, self.n, self.k,
                             (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
                             self.epilogue, self.groups, self.ragged)
@@ -414,7 +420,8 @@ def key_of(problem, level: Level | str = Level.BALANCED) -> MatmulKey:
         scale=scale_of(m, n, k),
         kind=kind_of(problem.m, problem.n, problem.k),
         epilogue=problem.epilogue,
-        groups=problem.groups, ragged=problem.ragged, level=level.value,
+        groups=problem.groups, ragged=problem.ragged, lhs_copied=problem.lhs_copied,
+        rhs_copied=problem.rhs_copied, level=level.value,
     )
 
 
@@ -440,7 +447,17 @@ def compact_form(batch: int, m: int, n: int, k: int, dtypes: tuple[str, str, str
     return text if epilogue.is_bare else f"{text} | {epilogue.describe()}"
 
 
-_DENSE_DEFAULTS = {"groups": 0, "ragged": ""}  # the grouped-matmul fields of a dense key
+# fields written only when set: a dense key's grouped-matmul fields, an operand copy's flags
+_OMITTED_AT_DEFAULT = {"groups": 0, "ragged": "", "lhs_copied": False, "rhs_copied": False}
+
+
+def _flag(raw: Any) -> bool:
+    """A key's bool field from JSON (true/false) or its canonical string (True/False)."""
+    if isinstance(raw, bool):
+        return raw
+    if raw in ("True", "False"):
+        return raw == "True"
+    raise ValueError(raw)
 
 
 def _layout_letter(layout: Layout) -> str:

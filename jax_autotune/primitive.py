@@ -206,9 +206,11 @@ def _xla_lowering(ctx, *inputs, problem, key, out_sharding=None):
 def _swap_problem(problem: MatmulProblem, *, m, n, k, lhs_dtype, rhs_dtype, transpose_a,
                   transpose_b) -> MatmulProblem:
     # the cotangent product keeps the forward's result dtype and precision, as lax's
-    # transpose does; the caller converts it to the operand's dtype
+    # transpose does; the caller converts it to the operand's dtype. Its operands are the
+    # cotangent and a forward operand as the forward read it: neither is copied first
     return dataclasses.replace(problem, m=m, n=n, k=k, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
-                               transpose_a=transpose_a, transpose_b=transpose_b)
+                               transpose_a=transpose_a, transpose_b=transpose_b,
+                               lhs_copied=False, rhs_copied=False)
 
 
 def _transpose_lhs(ct, lhs, rhs, *, problem, key, out_sharding):

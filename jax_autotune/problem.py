@@ -48,6 +48,12 @@ class MatmulProblem:
     have an elementwise epilogue (a SwiGLU's ``silu(gate) * up``, a bias, a convert) over
     its (m, n) product; its operands, after the group sizes, have their role shapes without
     the batch: row (n,), col (m,), full (m, n).
+
+    ``lhs_copied`` / ``rhs_copied``: the program holds that operand in an order no stored
+    layout reads (``bqhd`` with batch dims b and h), so it is copied into its stored shape
+    before the matmul (its prologue). XLA's dot fuses that copy into its own reads where it
+    can; a kernel's custom call reads the copy. Candidates are timed with it
+    (``jax_autotune.tuning.timing``), so the decision counts what the program pays.
     """
 
     batch: int
@@ -63,6 +69,8 @@ class MatmulProblem:
     epilogue: Epilogue = BARE
     groups: int = 0
     ragged: str = ""
+    lhs_copied: bool = False
+    rhs_copied: bool = False
 
     def __post_init__(self):
         for name in ("batch", "m", "n", "k"):
@@ -79,6 +87,11 @@ class MatmulProblem:
         if self.ragged not in RAGGED_MODES or (self.groups > 0) != bool(self.ragged) or self.groups < 0:
             raise ValueError(f"MatmulProblem: a grouped matmul needs groups > 0 and ragged 'm' or 'k', "
                              f"a dense one neither; got groups={self.groups!r}, ragged={self.ragged!r}")
+        if not isinstance(self.lhs_copied, bool) or not isinstance(self.rhs_copied, bool):
+            raise ValueError(f"MatmulProblem: lhs_copied and rhs_copied must be bools, got "
+                             f"{self.lhs_copied!r} and {self.rhs_copied!r}")
+        if (self.lhs_copied or self.rhs_copied) and self.groups:
+            raise ValueError("MatmulProblem: a grouped matmul's operands are never copied (lhs_copied, rhs_copied)")
         if self.ragged and (self.batch != 1 or (self.ragged == "m" and self.transpose_a)
                             or not (self.epilogue.is_bare or (self.ragged == "m" and self.epilogue.elementwise))):
             raise ValueError("MatmulProblem: a grouped matmul has batch 1, an epilogue only when elementwise "
@@ -142,8 +155,9 @@ class MatmulProblem:
 
     def describe(self) -> str:
         """A compact one-line form, e.g. ``8x1000x1000x1000 float32 NT DEFAULT``
-        (N: stored as is, T: stored transposed), and ``| ops`` with an epilogue."""
-        layouts = "NT"[self.transpose_a] + "NT"[self.transpose_b]
+        (N: stored as is, T: stored transposed, a trailing c: copied into it), and
+        ``| ops`` with an epilogue."""
+        layouts = "NT"[self.transpose_a] + "c" * self.lhs_copied + "NT"[self.transpose_b] + "c" * self.rhs_copied
         return compact_form(self.batch, self.m, self.n, self.k,
                             (self.lhs_dtype, self.rhs_dtype, self.out_dtype), layouts, self.precision,
                             self.epilogue, self.groups, self.ragged)
@@ -170,6 +184,9 @@ class MatmulProblem:
             data["epilogue"] = str(self.epilogue)
         if not self.groups:  # a dense problem: written as before grouped matmuls existed
             del data["groups"], data["ragged"]
+        for name in ("lhs_copied", "rhs_copied"):
+            if not data[name]:  # written as before operand copies were keyed
+                del data[name]
         return data
 
     @classmethod

@@ -55,7 +55,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import xla_priming
+from jax_autotune.tuning import operand_copies, xla_priming
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.correctness import check, prepare_check, reference
 from jax_autotune.tuning.decision import CandidateResult, Outcome
@@ -387,7 +387,9 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
     phases = PhaseClock()
     with phases("operands"):
         inputs = random_operands(problem, setup.jax_device)
-    compiles = CompileQueue(setup.timer, problem, inputs, KeyBenchmark.compile_threads(setup.timer, setup.rules))
+        timed_inputs = operand_copies.held(problem, inputs)  # the reference reads ``inputs``
+    compiles = CompileQueue(setup.timer, problem, timed_inputs,
+                            KeyBenchmark.compile_threads(setup.timer, setup.rules))
     side = concurrent.futures.ThreadPoolExecutor(1)
     try:
         peaks_future = None
@@ -403,7 +405,7 @@ def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: fl
         with phases("probes"):  # the wait for them, when they ran beside the reference
             peaks = _peaks(peaks_future, setup, problem)
         bounds = roofline_bounds(problem, peaks, setup.level, setup.rules)
-        bench = KeyBenchmark(problem, inputs, ref, setup.timer, limit=bounds.limit, rules=setup.rules,
+        bench = KeyBenchmark(problem, timed_inputs, ref, setup.timer, limit=bounds.limit, rules=setup.rules,
                              clock=setup.clock, budget_seconds=budget_seconds,
                              platform=setup.device.platform, compiles=compiles)
         with phases("rounds"):

@@ -35,6 +35,7 @@ from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.module_ops import ops
+from jax_autotune.tuning.operand_copies import timed
 from jax_autotune.problem import MatmulProblem
 from jax_autotune.splits import representative_splits
 
@@ -52,7 +53,8 @@ class Timer(Protocol):
     measures_device_time: bool  # True: host work (compiles in other threads) cannot skew it
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
-        """Compile ``candidate`` for ``args``; raises what the compiler raises."""
+        """Compile ``candidate`` for ``args`` (copied operands as the program holds them,
+        ``operand_copies.held``); raises what the compiler raises."""
 
     def release(self) -> None:
         """A key's measurements are done: let go of what timing holds on the device."""
@@ -92,9 +94,10 @@ def _check_executable(candidate: Candidate, problem: MatmulProblem, args: tuple)
 
 
 def compile_candidate(candidate: Candidate, problem: MatmulProblem, args: tuple):
-    """The candidate's executable for ``args`` (counted in ``stats()['candidate_compiles']``)."""
+    """The candidate's executable for ``args``, copied operands as the program holds them
+    (``operand_copies``; counted in ``stats()['candidate_compiles']``)."""
     with lowering_warnings.quiet():
-        lowered = jax.jit(candidate.bound(problem)).lower(*args)
+        lowered = jax.jit(timed(candidate.bound(problem), problem)).lower(*args)
     if runs_kernels_while_compiling(lowered):
         # primed: XLA takes the choice it keeps, no kernel runs; else it autotunes
         compiled = xla_priming.compile_primed(lowered, problem, candidate, device_of(args[0]) if args else None)
@@ -151,7 +154,7 @@ class WallClockTimer:
         self.target_seconds, self.max_reps, self.clock = target_seconds, max_reps, clock
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
-        looped = compile_repeated(candidate.bound(problem), args)
+        looped = compile_repeated(timed(candidate.bound(problem), problem), args)
         measurement = _WallClockMeasurement(looped, 1, args, self.clock,
                                             _check_executable(candidate, problem, args),
                                             _checked_args(problem, args))

@@ -360,6 +360,8 @@ def tuning_call(key: MatmulKey, problem: MatmulProblem, level: str) -> str:
         pass
     fields = (*shape, problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype, problem.transpose_a,
               problem.transpose_b, problem.precision.value, str(problem.epilogue))
-    if problem.groups:  # a grouped matmul: its groups and ragged dim too
+    if problem.groups or problem.lhs_copied or problem.rhs_copied:  # a grouped matmul, operand copies
         fields = (*fields, problem.groups, problem.ragged)
+    if problem.lhs_copied or problem.rhs_copied:
+        fields = (*fields, problem.lhs_copied, problem.rhs_copied)
     return f"jax_autotune.warmup([jax_autotune.MatmulProblem{fields!r}])"

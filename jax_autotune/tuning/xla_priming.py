@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 import jax
 
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import counters
+from jax_autotune.tuning import counters, operand_copies
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.compile_options import compile_lowered
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
@@ -88,14 +88,15 @@ def prime(pairs: Iterable[Pair], device) -> int:
 
 def _compile_together(pairs: Sequence[Pair], device) -> None:
     sharding = jax.sharding.SingleDeviceSharding(device)
+    # each dot as its timing compiles it (copied operands held as the program holds them)
     specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-             for problem, _ in pairs for shape, dtype in problem.input_specs()]
+             for problem, _ in pairs for shape, dtype in operand_copies.held_specs(problem)]
     starts = [0]
     for problem, _ in pairs:
         starts.append(starts[-1] + len(problem.input_specs()))
 
     def every_dot(*inputs):
-        return tuple(candidate.bound(problem)(*inputs[starts[i]:starts[i + 1]])
+        return tuple(operand_copies.timed(candidate.bound(problem), problem)(*inputs[starts[i]:starts[i + 1]])
                      for i, (problem, candidate) in enumerate(pairs))
 
     lowered = jax.jit(every_dot).lower(*specs)
