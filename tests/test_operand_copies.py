@@ -121,3 +121,26 @@ def test_the_missing_key_message_names_a_warmup_that_tunes_the_copied_key():
     call = tuning_call(problem.key("balanced"), problem, "balanced")
     rebuilt = eval(call.removeprefix("jax_autotune.warmup([").removesuffix("])"), {"jax_autotune": jat})
     assert rebuilt == problem
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_decode_step_s_scores_time_every_candidate_behind_the_cache_copy(monkeypatch, fresh_tuning):
+    compiled = []
+    original = timing.compile_candidate
+
+    def spy(candidate, problem, args):
+        compiled.append((candidate.name, tuple(args[1].shape)))
+        return original(candidate, problem, args)
+
+    monkeypatch.setattr(timing, "compile_candidate", spy)
+    # one query token over a (batch, cache, heads, head_dim) cache: the cache is copied
+    q, k = _normal(0, (8, 1, 16, 128), jnp.bfloat16), _normal(1, (8, 1024, 16, 128), jnp.bfloat16)
+    fn = jax.jit(lambda q, k: jat.dot_general(q, k, SCORES, preferred_element_type=jnp.float32))
+    (key,) = _keys(fn, q, k)
+    assert (key.lhs_copied, key.rhs_copied) == (False, True)
+    out = fn(q, k)
+    exact = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), np.asarray(k, np.float64))
+    np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2e-2, atol=2e-2)
+    timed = [shape for name, shape in compiled]
+    assert timed and all(shape == (1024, 128, 128) for shape in timed)  # (cache, batch * heads, head_dim)
+    assert len({name for name, _ in compiled}) >= 2, compiled  # XLA's dot and at least one kernel
