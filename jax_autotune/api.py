@@ -189,9 +189,9 @@ def _copies(shape, order: tuple) -> bool:
     return moved != sorted(moved)
 
 
-def _canonical_operand(x, batch: tuple, free: tuple, contract: tuple, free_first: bool):
-    """``x`` reshaped (and transposed where it must be) to its canonical 3-D form."""
-    order, _, shape = _canonical_layout(x.shape, batch, free, contract, free_first)
+def _canonical_operand(x, order: tuple, shape: tuple):
+    """``x`` put in ``order`` (where it is not x's own) and reshaped to its canonical 3-D
+    ``shape``, both from ``_canonical_layout``."""
     if order != tuple(range(x.ndim)):
         x = jnp.transpose(x, order)
     return _reshape(x, shape)
@@ -334,8 +334,9 @@ def _bound(lhs, rhs, dims, tuned, out_shape, out_sharding, plain, epilogue: Epil
     in_context = epilogue is not None
     if lhs.size == 0 or rhs.size == 0:
         return jnp.zeros(out_shape, out_dtype)
-    lhs_order, transpose_a, (batch, _, _) = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
-    rhs_order, transpose_b, _ = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
+    lhs_order, transpose_a, lhs_shape = _canonical_layout(lhs.shape, lb, lfree, lc, free_first=True)
+    rhs_order, transpose_b, rhs_shape = _canonical_layout(rhs.shape, rb, rfree, rc, free_first=False)
+    batch = lhs_shape[0]
     m = math.prod(lhs.shape[d] for d in lfree)
     n = math.prod(rhs.shape[d] for d in rfree)
     k = math.prod(lhs.shape[d] for d in lc)
@@ -343,8 +344,8 @@ def _bound(lhs, rhs, dims, tuned, out_shape, out_sharding, plain, epilogue: Epil
                        _copies(lhs.shape, lhs_order), _copies(rhs.shape, rhs_order))
     if _left_plain(problem, epilogue):
         return LEFT_PLAIN if in_context else plain()
-    lhs3 = _canonical_operand(lhs, lb, lfree, lc, free_first=True)
-    rhs3 = _canonical_operand(rhs, rb, rfree, rc, free_first=False)
+    lhs3 = _canonical_operand(lhs, lhs_order, lhs_shape)
+    rhs3 = _canonical_operand(rhs, rhs_order, rhs_shape)
     if in_context:
         if epilogue.is_bare:
             return bind_matmul(lhs3, rhs3, problem)

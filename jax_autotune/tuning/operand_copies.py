@@ -45,9 +45,8 @@ def held(problem: MatmulProblem, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     for i, copied in enumerate(_copied(problem)):
         if copied:
             x = inputs[i]
-            device = next(iter(x.devices())) if hasattr(x, "devices") else None
             moved = np.ascontiguousarray(np.transpose(np.asarray(jax.device_get(x)), _order(x.shape)))
-            out[i] = jax.block_until_ready(jax.device_put(moved, device))
+            out[i] = jax.block_until_ready(jax.device_put(moved, x.sharding))
     return tuple(out)
 
 
@@ -64,12 +63,13 @@ def held_specs(problem: MatmulProblem) -> tuple[tuple[tuple[int, ...], str], ...
 def timed(fn: Callable[..., Any], problem: MatmulProblem) -> Callable[..., Any]:
     """``fn`` (a candidate bound to ``problem``) reading ``held`` inputs: each copied
     operand put back in its stored shape first, as the program does before the matmul."""
-    copied = _copied(problem)
-    if not any(copied):
+    if not any(_copied(problem)):
         return fn
+    # per input, the order that puts it back in its stored shape (None: read as held)
+    orders = [_order(problem.input_specs()[i][0]) if copied else None for i, copied in enumerate(_copied(problem))]
 
     def with_copies(*inputs):
-        return fn(*(jnp.transpose(x, _order(problem.input_specs()[i][0])) if i < 2 and copied[i] else x
+        return fn(*(x if i >= 2 or orders[i] is None else jnp.transpose(x, orders[i])
                     for i, x in enumerate(inputs)))
 
     return with_copies

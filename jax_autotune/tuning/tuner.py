@@ -360,8 +360,7 @@ def tuning_call(key: MatmulKey, problem: MatmulProblem, level: str) -> str:
         pass
     fields = (*shape, problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype, problem.transpose_a,
               problem.transpose_b, problem.precision.value, str(problem.epilogue))
-    if problem.groups or problem.lhs_copied or problem.rhs_copied:  # a grouped matmul, operand copies
-        fields = (*fields, problem.groups, problem.ragged)
-    if problem.lhs_copied or problem.rhs_copied:
-        fields = (*fields, problem.lhs_copied, problem.rhs_copied)
+    # then the fields a plain dense problem leaves at their defaults, up to the last one set
+    trailing = (problem.groups, problem.ragged, problem.lhs_copied, problem.rhs_copied)
+    fields = (*fields, *trailing[:max((i + 1 for i, value in enumerate(trailing) if value), default=0)])
     return f"jax_autotune.warmup([jax_autotune.MatmulProblem{fields!r}])"
