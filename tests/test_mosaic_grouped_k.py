@@ -56,6 +56,16 @@ def test_a_config_past_shared_memory_is_refused():
     assert not answer and "shared memory" in answer
 
 
+def test_two_ctas_per_sm_only_where_both_fit_an_sm():
+    two = mk.GroupedKConfig(128, 128, 64, 2, 8, ctas_per_sm=2)
+    assert two.name.endswith("_c2") and not mk.GROUPED_K_CONFIGS[0].name.endswith("_c1")
+    assert mk.supports_grouped_k(2048, 768, 16384, "bfloat16", config=two)      # 96 KiB each
+    answer = mk.supports_grouped_k(2048, 768, 16384, "bfloat16", out_dtype="float32", config=two)  # 128 KiB each
+    assert not answer and "2 CTAs" in answer
+    assert mk.supports_grouped_k(2048, 768, 16384, "bfloat16", out_dtype="float32",
+                                 config=mk.GroupedKConfig(128, 128, 64, 2, 8))
+
+
 def test_group_table_covers_each_group_with_the_fewest_blocks():
     for trial, (k, groups, block_k, sizes) in enumerate(group_trials()):
         size, start, end, blocks, first = np.asarray(mk.group_table(jnp.asarray(sizes, jnp.int32), k, block_k))

@@ -50,18 +50,21 @@ _SIZE, _START, _END, _BLOCKS, _FIRST_BLOCK = range(5)
 
 @dataclasses.dataclass(frozen=True)
 class GroupedKConfig:
-    """A tile of the output (block_m x block_n), the k block, the pipeline's depth and the
-    snake's width in n-tiles."""
+    """A tile of the output (block_m x block_n), the k block, the pipeline's depth, the
+    snake's width in n-tiles, and the CTAs the persistent grid puts on each SM (two: one
+    CTA's pipeline fills while the other computes, where groups are a few k blocks each)."""
 
     block_m: int = 128
     block_n: int = 128
     block_k: int = 64
     stages: int = 4
     grid_block_n: int = 8
+    ctas_per_sm: int = 1
 
     @property
     def name(self) -> str:
-        return f"bm{self.block_m}_bn{self.block_n}_bk{self.block_k}_st{self.stages}_gn{self.grid_block_n}"
+        ctas = f"_c{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
+        return f"bm{self.block_m}_bn{self.block_n}_bk{self.block_k}_st{self.stages}_gn{self.grid_block_n}{ctas}"
 
     def shared_memory_bytes(self, dtype: str, out_dtype: str) -> int:
         item, out_item = np.dtype(dtype).itemsize, np.dtype(out_dtype).itemsize
@@ -74,7 +77,10 @@ GROUPED_K_CONFIGS = (
     GroupedKConfig(128, 128, 64, 4, 8),
     GroupedKConfig(64, 128, 64, 5, 8),
     GroupedKConfig(128, 64, 64, 5, 8),
+    GroupedKConfig(128, 128, 64, 2, 8, ctas_per_sm=2),
 )
+SM_SHARED_MEMORY = 228 * 1024  # per SM on Hopper; each resident CTA also reserves 1 KiB of it
+CTA_RESERVED_SHARED_MEMORY = 1024
 
 
 def supports_grouped_k(m: int, n: int, k: int, dtype: str, *, out_dtype: str | None = None,
@@ -97,9 +103,12 @@ def supports_grouped_k(m: int, n: int, k: int, dtype: str, *, out_dtype: str | N
     if k < 1 or k % 8:
         return Unsupported(f"k = {k} rows must be a positive multiple of 8 (the shared-memory tiling's rows, "
                            f"which Mosaic GPU folds into the TMA descriptor)")
-    if config.shared_memory_bytes(dtype, out) > SHARED_MEMORY_LIMIT:
-        return Unsupported(f"config {config.name} needs {config.shared_memory_bytes(dtype, out)} bytes of shared "
-                           f"memory, above {SHARED_MEMORY_LIMIT}")
+    needed = config.shared_memory_bytes(dtype, out)
+    if needed > SHARED_MEMORY_LIMIT:
+        return Unsupported(f"config {config.name} needs {needed} bytes of shared memory, above {SHARED_MEMORY_LIMIT}")
+    if config.ctas_per_sm > 1 and config.ctas_per_sm * (needed + CTA_RESERVED_SHARED_MEMORY) > SM_SHARED_MEMORY:
+        return Unsupported(f"config {config.name}: {config.ctas_per_sm} CTAs of {needed} bytes of shared memory "
+                           f"do not fit an SM's {SM_SHARED_MEMORY}")
     return True
 
 
@@ -132,58 +141,61 @@ def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKC
     in_transforms = _transforms(block_k, lhs_gmem.dtype)
     release = 1 if config.stages > 1 else 0
 
-    @plgpu.nd_loop((groups, grid_m * grid_n), collective_axes="sm")
-    def _tiles(loop_info):
-        g = loop_info.index[0]
-        m_i, n_i = plgpu.planar_snake(loop_info.index[1], (grid_m, grid_n), 1, config.grid_block_n)
-        start, end, blocks = table_gmem[_START, g], table_gmem[_END, g], table_gmem[_BLOCKS, g]
-        first_row = pl.multiple_of(table_gmem[_FIRST_BLOCK, g] * block_k, block_k)
+    # one output tile in shared memory per CTA, its store to HBM overlapping the next tile's
+    # pipeline (waited for only before the tile after writes it)
+    @functools.partial(pl.run_scoped, out_smem=plgpu.SMEM((block_m, block_n), out_gmem.dtype,
+                                                          transforms=_transforms(block_n, out_gmem.dtype)))
+    def _scope(out_smem):
+        @plgpu.nd_loop((groups, grid_m * grid_n), collective_axes="sm")
+        def _tiles(loop_info):
+            g = loop_info.index[0]
+            m_i, n_i = plgpu.planar_snake(loop_info.index[1], (grid_m, grid_n), 1, config.grid_block_n)
+            start, end, blocks = table_gmem[_START, g], table_gmem[_END, g], table_gmem[_BLOCKS, g]
+            first_row = pl.multiple_of(table_gmem[_FIRST_BLOCK, g] * block_k, block_k)
 
-        def masked(smem, keep):
-            """Zero the rows of a (block_k, cols) tile where ``keep(row)`` is false."""
-            rows = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, smem.shape, 0), plgpu.Layout.WGMMA)
-            smem[...] = jnp.where(keep(rows), smem[...], jnp.zeros((), smem.dtype))
+            def masked(smem, keep):
+                """Zero the rows of a (block_k, cols) tile where ``keep(row)`` is false."""
+                rows = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, smem.shape, 0), plgpu.Layout.WGMMA)
+                smem[...] = jnp.where(keep(rows), smem[...], jnp.zeros((), smem.dtype))
 
-        def block_matmul(index, lhs_smem, rhs_smem, acc_ref):
-            (step,) = index
-            ends = [(step == 0, lambda rows: rows >= lax.rem(start, block_k)),
-                    (step == blocks - 1, lambda rows: rows <= lax.rem(end - 1, block_k))]
-            for at_end, keep in ends:
-                @pl.when(at_end)
-                def _(keep=keep):
-                    masked(lhs_smem, keep)
-                    masked(rhs_smem, keep)
-                    plgpu.commit_smem()
-            plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
-            if not release:  # no delayed release: the slot is reused at once
+            def block_matmul(index, lhs_smem, rhs_smem, acc_ref):
+                (step,) = index
+                ends = [(step == 0, lambda rows: rows >= lax.rem(start, block_k)),
+                        (step == blocks - 1, lambda rows: rows <= lax.rem(end - 1, block_k))]
+                for at_end, keep in ends:
+                    @pl.when(at_end)
+                    def _(keep=keep):
+                        masked(lhs_smem, keep)
+                        masked(rhs_smem, keep)
+                        plgpu.commit_smem()
+                plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
+                if not release:  # no delayed release: the slot is reused at once
+                    plgpu.wgmma_wait(0)
+
+            def acc_scope(acc_ref):
+                @pl.when(blocks > 0)  # an empty group's product is the zero accumulator
+                def _():
+                    rows = pl.ds(first_row, k)  # past k on the last blocks; the pipeline reads only its grid's
+                    plgpu.emit_pipeline(
+                        lambda index, a, b: block_matmul(index, a, b, acc_ref),
+                        grid=(blocks,),
+                        in_specs=[plgpu.BlockSpec((block_k, block_m), lambda s: (s, m_i), delay_release=release,
+                                                  transforms=in_transforms),
+                                  plgpu.BlockSpec((block_k, block_n), lambda s: (s, n_i), delay_release=release,
+                                                  transforms=in_transforms)],
+                        max_concurrent_steps=config.stages,
+                    )(lhs_gmem.at[rows, :], rhs_gmem.at[rows, :])
                 plgpu.wgmma_wait(0)
+                return acc_ref[...]
 
-        def acc_scope(acc_ref):
-            @pl.when(blocks > 0)  # an empty group's product is the zero accumulator
-            def _():
-                rows = pl.ds(first_row, k)  # past k on the last blocks; the pipeline reads only its grid's
-                plgpu.emit_pipeline(
-                    lambda index, a, b: block_matmul(index, a, b, acc_ref),
-                    grid=(blocks,),
-                    in_specs=[plgpu.BlockSpec((block_k, block_m), lambda s: (s, m_i), delay_release=release,
-                                              transforms=in_transforms),
-                              plgpu.BlockSpec((block_k, block_n), lambda s: (s, n_i), delay_release=release,
-                                              transforms=in_transforms)],
-                    max_concurrent_steps=config.stages,
-                )(lhs_gmem.at[rows, :], rhs_gmem.at[rows, :])
-            plgpu.wgmma_wait(0)
-            return acc_ref[...]
+            acc = pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n), jnp.float32))
 
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((block_m, block_n), jnp.float32))
-
-        @functools.partial(pl.run_scoped, out_smem=plgpu.SMEM((block_m, block_n), out_gmem.dtype,
-                                                              transforms=_transforms(block_n, out_gmem.dtype)))
-        def _store(out_smem):
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store has read out_smem
             out_smem[...] = acc.astype(out_smem.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[g, pl.ds(m_i * block_m, block_m),
-                                                          pl.ds(n_i * block_n, block_n)])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[g, pl.ds(m_i * block_m, block_m), pl.ds(n_i * block_n, block_n)])
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last store, before the CTA exits
 
 
 def mosaic_grouped_k_gemm(lhs, rhs, group_sizes, *, config: GroupedKConfig, out_dtype=None,
@@ -192,8 +204,8 @@ def mosaic_grouped_k_gemm(lhs, rhs, group_sizes, *, config: GroupedKConfig, out_
     ``lax.ragged_dot_general`` with k ragged, lhs (k, m), rhs (k, n), out (groups, m, n).
 
     ``group_sizes`` (groups,) integers, any sizes (empty groups, sums below or above k).
-    ValueError where ``supports_grouped_k`` refuses. ``num_sms`` sizes the persistent grid
-    (default: the device's count).
+    ValueError where ``supports_grouped_k`` refuses. ``num_sms`` (default: the device's count)
+    sizes the persistent grid, ``config.ctas_per_sm`` CTAs per SM.
 
         >>> mosaic_grouped_k_gemm(x, dy, sizes, config=GROUPED_K_CONFIGS[0]).shape
         (8, 4096, 14336)
@@ -219,7 +231,7 @@ def mosaic_grouped_k_gemm(lhs, rhs, group_sizes, *, config: GroupedKConfig, out_
     call = plgpu.kernel(
         functools.partial(_body, k=k, config=config),
         out_type=jax.ShapeDtypeStruct((groups, m, n), out_dtype),
-        grid=(num_sms,),
+        grid=(num_sms * config.ctas_per_sm,),
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
     )
