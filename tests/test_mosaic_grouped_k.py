@@ -66,6 +66,15 @@ def test_two_ctas_per_sm_only_where_both_fit_an_sm():
                                  config=mk.GroupedKConfig(128, 128, 64, 2, 8))
 
 
+def test_two_ctas_per_sm_are_timed_only_for_groups_of_a_few_k_blocks():
+    two = next(c for c in ragged.MOSAIC_GROUPED_K if c.params["ctas_per_sm"] == 2)
+    one = ragged.MOSAIC_GROUPED_K[0]
+    short = _weight_gradient(2048, 768, 16384, 128).key()     # 128 rows a group: 2 blocks
+    long = _weight_gradient(4096, 14336, 8192, 8).key()       # 1024 rows a group: 16 blocks
+    assert two.runs(H200, short) is mk.AVAILABLE and one.runs(H200, short) is mk.AVAILABLE
+    assert not two.runs(H200, long) and one.runs(H200, long) is mk.AVAILABLE
+
+
 def test_group_table_covers_each_group_with_the_fewest_blocks():
     for trial, (k, groups, block_k, sizes) in enumerate(group_trials()):
         size, start, end, blocks, first = np.asarray(mk.group_table(jnp.asarray(sizes, jnp.int32), k, block_k))
@@ -124,7 +133,7 @@ def test_the_candidates_run_the_weight_gradient_on_hopper_only():
     ours = [c.name for c in ragged.MOSAIC_GROUPED_K]
     assert len(ours) == len(mk.GROUPED_K_CONFIGS) and set(ours) <= set(names)
     assert not set(ours) & set(ragged.ragged_candidate_set(CPU).names())
-    key = _weight_gradient(4096, 14336, 8192, 8).key()
+    key = _weight_gradient(2048, 768, 16384, 128).key()
     for candidate in ragged.MOSAIC_GROUPED_K:
         assert candidate.params["family"] == "ragged_k_mosaic_gemm"
         assert candidate.runs(H200, key) is mk.AVAILABLE
@@ -250,6 +259,6 @@ def test_on_hopper_the_mosaic_kernels_run_first_and_the_dense_formulations_only_
     for problem, ours, dense in ((_weight_gradient(4096, 14336, 8192, 8), ragged.MOSAIC_GROUPED_K, {"padded"}),
                                  (up, ragged.MOSAIC_GROUPED, {"padded", "masked"})):
         rounds = make_plan(cset, problem.key(), H200).rounds
-        assert [c.name for c in rounds[0].candidates] == [c.name for c in ours]
+        assert [c.name for c in rounds[0].candidates] == [c.name for c in ours if c.runs(H200, problem.key())]
         assert rounds[0].tier > rounds[1].tier
         assert {c.name.split("_")[1] for c in rounds[1].candidates} == dense

@@ -231,6 +231,7 @@ def _supports_mosaic_k(config):
     def supports(device: DeviceInfo, key: MatmulKey) -> bool:
         return (_hopper_mosaic(device, key, "k")
                 and config.shared_memory_bytes(key.lhs_dtype, key.out_dtype) <= device.shared_memory_limit
+                and mosaic_grouped_k.suits_groups(config, key.k, key.groups)
                 and _k_served(config, key.lhs_layout.transposed, key.rhs_layout.transposed, key.m, key.n, key.k,
                               key.lhs_dtype, key.out_dtype))
     return supports

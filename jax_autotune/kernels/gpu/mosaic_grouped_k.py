@@ -79,6 +79,7 @@ GROUPED_K_CONFIGS = (
     GroupedKConfig(128, 64, 64, 5, 8),
     GroupedKConfig(128, 128, 64, 2, 8, ctas_per_sm=2),
 )
+SHORT_GROUP_BLOCKS = 4  # two CTAs per SM are tried where the mean group is this many k blocks or fewer
 SM_SHARED_MEMORY = 228 * 1024  # per SM on Hopper; each resident CTA also reserves 1 KiB of it
 CTA_RESERVED_SHARED_MEMORY = 1024
 
@@ -110,6 +111,17 @@ def supports_grouped_k(m: int, n: int, k: int, dtype: str, *, out_dtype: str | N
         return Unsupported(f"config {config.name}: {config.ctas_per_sm} CTAs of {needed} bytes of shared memory "
                            f"do not fit an SM's {SM_SHARED_MEMORY}")
     return True
+
+
+def suits_groups(config: GroupedKConfig, k: int, groups: int) -> bool:
+    """Whether ``config`` is worth timing for ``groups`` groups over k rows: two CTAs per SM
+    (a shallow pipeline each) only where a mean group spans ``SHORT_GROUP_BLOCKS`` k blocks
+    or fewer, so that pipeline fills, not its depth, bound the tile.
+
+        >>> suits_groups(GroupedKConfig(ctas_per_sm=2), 16384, 128), suits_groups(GroupedKConfig(ctas_per_sm=2), 8192, 8)
+        (True, False)
+    """
+    return config.ctas_per_sm == 1 or k <= groups * SHORT_GROUP_BLOCKS * config.block_k
 
 
 def group_table(group_sizes, k: int, block_k: int):
@@ -238,5 +250,5 @@ def mosaic_grouped_k_gemm(lhs, rhs, group_sizes, *, config: GroupedKConfig, out_
     return call(group_table(group_sizes, k, config.block_k), lhs, rhs)
 
 
-__all__ = ["AVAILABLE", "GROUPED_K_CONFIGS", "GroupedKConfig", "supports_grouped_k", "group_table",
+__all__ = ["AVAILABLE", "GROUPED_K_CONFIGS", "GroupedKConfig", "supports_grouped_k", "suits_groups", "group_table",
            "mosaic_grouped_k_gemm"]
