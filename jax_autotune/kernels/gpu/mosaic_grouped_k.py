@@ -17,7 +17,10 @@ memory before the wgmma. Unlike that example:
   group's inf or NaN never reaches this group's product (lax computes only the group);
 * the output dtype is the problem's (f32 where the gradient asks for it) and its store
   tile has its own swizzle; group ends are clipped to k; the SM count is an argument, so
-  it cross-lowers on a CPU.
+  it cross-lowers on a CPU;
+* a tile's store to HBM is waited for only when the next tile writes the store buffer, so
+  it overlaps that tile's loads; a config may put two CTAs on each SM (``ctas_per_sm``),
+  for groups of a few k blocks, where every tile is mostly its pipeline's fill.
 
     >>> cfg = GROUPED_K_CONFIGS[0]
     >>> supports_grouped_k(4096, 14336, 8192, "bfloat16", config=cfg)
