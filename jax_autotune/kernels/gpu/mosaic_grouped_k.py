@@ -149,6 +149,12 @@ def _transforms(block_minor: int, dtype) -> tuple:
     return mg._smem_transforms(plgpu.find_swizzle(block_minor * jnp.dtype(dtype).itemsize * 8), dtype)
 
 
+def _masked(smem, keep):
+    """Zero the rows of a (block_k, cols) shared-memory tile where ``keep(row)`` is false."""
+    rows = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, smem.shape, 0), plgpu.Layout.WGMMA)
+    smem[...] = jnp.where(keep(rows), smem[...], jnp.zeros((), smem.dtype))
+
+
 def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKConfig):
     block_m, block_n, block_k = config.block_m, config.block_n, config.block_k
     groups, m, n = out_gmem.shape
@@ -168,11 +174,6 @@ def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKC
             start, end, blocks = table_gmem[_START, g], table_gmem[_END, g], table_gmem[_BLOCKS, g]
             first_row = pl.multiple_of(table_gmem[_FIRST_BLOCK, g] * block_k, block_k)
 
-            def masked(smem, keep):
-                """Zero the rows of a (block_k, cols) tile where ``keep(row)`` is false."""
-                rows = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, smem.shape, 0), plgpu.Layout.WGMMA)
-                smem[...] = jnp.where(keep(rows), smem[...], jnp.zeros((), smem.dtype))
-
             def block_matmul(index, lhs_smem, rhs_smem, acc_ref):
                 (step,) = index
                 ends = [(step == 0, lambda rows: rows >= lax.rem(start, block_k)),
@@ -180,8 +181,8 @@ def _body(table_gmem, lhs_gmem, rhs_gmem, out_gmem, *, k: int, config: GroupedKC
                 for at_end, keep in ends:
                     @pl.when(at_end)
                     def _(keep=keep):
-                        masked(lhs_smem, keep)
-                        masked(rhs_smem, keep)
+                        _masked(lhs_smem, keep)
+                        _masked(rhs_smem, keep)
                         plgpu.commit_smem()
                 plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
                 if not release:  # no delayed release: the slot is reused at once
