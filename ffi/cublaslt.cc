@@ -26,6 +26,7 @@
 #include <tuple>
 
 #include "cublaslt_abi.h"
+#include "cuda_loading.h"
 #include "matmul_shapes.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -93,12 +94,6 @@ Library& library() {
   return *instance;
 }
 
-template <typename F>
-bool resolve(void* handle, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(handle, name));
-  return *out != nullptr;
-}
-
 std::string status_error(const char* call, Status status) {
   return std::string("jax_autotune_cublaslt: ") + call + " failed with cublasStatus_t " +
          std::to_string(status);
@@ -109,15 +104,6 @@ uint32_t alignment(const void* p) {
   uint32_t align = 256;
   while (align > 1 && address % align != 0) align /= 2;
   return align;
-}
-
-int cuda_type(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return kR32F;
-    case ffi::DataType::F16: return kR16F;
-    case ffi::DataType::BF16: return kR16BF;
-    default: return -1;
-  }
 }
 
 // Descriptors and heuristic algorithms for `key`; `error` says why when it returns null.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jax_autotune.tuning.device import DeviceInfo
-from jax_autotune.kernels.gpu import cublaslt
+from jax_autotune.kernels.gpu import cublaslt, cuda_libraries
 from jax_autotune.kernels.gpu import mosaic as mosaic_kernels
 from jax_autotune.kernels.gpu.candidates import gpu_candidate_set
 from jax_autotune.kernels.gpu.configs import MOSAIC_GEMM_RANKS
@@ -504,7 +504,7 @@ def test_a_library_in_the_working_directory_is_never_a_candidate(monkeypatch, tm
     assert not any(path.startswith(str(tmp_path)) or not os.path.isabs(path)
                    for path in cublaslt.library_paths())  # no soname the loader would search for
     # the same files installed in site-packages are found there
-    monkeypatch.setattr(cublaslt, "site_packages", lambda: [str(tmp_path / "site-packages")])
+    monkeypatch.setattr(cuda_libraries, "site_packages", lambda: [str(tmp_path / "site-packages")])
     installed = fake_wheel(tmp_path / "site-packages")
     assert cublaslt.library_sources() == [(installed, cublaslt.WHEEL)]
 

@@ -9,8 +9,7 @@ XLA allocates as a second result of the call.
 
 The library is not linked: ``available()`` loads the cuBLASLt that XLA's CUDA plugin
 already mapped into the process, else the copy of an installed ``nvidia-*`` wheel in
-site-packages (never one found through ``sys.path``, which holds a script's folder or the
-working directory), once, and registers the FFI target for the CUDA platform;
+site-packages (``cuda_libraries``), once, and registers the FFI targets for the CUDA platform;
 ``describe()`` says which (``jax-autotune explain`` prints it).
 
     >>> from jax_autotune.kernels.gpu import cublaslt
@@ -25,16 +24,11 @@ as XLA's dot does; HIGH and HIGHEST run full f32.
 
 from __future__ import annotations
 
-import glob
-import os
-import site
-import sysconfig
-import threading
-
 import jax
 import numpy as np
 
 from jax_autotune.key import Precision
+from jax_autotune.kernels.gpu import cuda_libraries
 from jax_autotune.problem import MatmulProblem
 
 TARGET = "jax_autotune_cublaslt"
@@ -44,41 +38,18 @@ ACTIVATIONS = ("none", "relu", "gelu")  # cuBLASLt's GELU is its tanh form (chec
 WORKSPACE_BYTES = 32 * 2 ** 20
 IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
 
-_lock = threading.Lock()
-_error: str | None = None  # None: not tried yet; "": loaded and registered
 _path = ""  # the library loaded
 _origin = ""  # where it was found
 
-MAPPED, WHEEL = "already mapped by XLA", "an nvidia wheel in site-packages"
-
-
-def site_packages() -> list[str]:
-    """The folders installed packages live in (the interpreter's and the user's)."""
-    roots = [*site.getsitepackages(), *(
-        [site.getusersitepackages()] if site.ENABLE_USER_SITE else []),
-        *(sysconfig.get_paths()[name] for name in ("purelib", "platlib"))]
-    return list(dict.fromkeys(os.path.realpath(root) for root in roots))
+MAPPED, WHEEL = cuda_libraries.MAPPED, cuda_libraries.WHEEL
+site_packages = cuda_libraries.site_packages
 
 
 def library_sources() -> list[tuple[str, str]]:
     """(path, origin) of each cuBLASLt to try, best first: the one already mapped into this
-    process (XLA's), then those of the ``nvidia-*`` wheels in site-packages. Nothing is
-    looked up through ``sys.path`` or the loader's search path, so a library in the
-    working directory is never loaded."""
-    sources: dict[str, str] = {}
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                path = line.split()[-1] if line.strip() else ""
-                if "/libcublasLt.so" in path:
-                    sources.setdefault(path, MAPPED)
-    except OSError:
-        pass
-    for root in site_packages():
-        pattern = os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")
-        for path in sorted(glob.glob(pattern), reverse=True):
-            sources.setdefault(path, WHEEL)
-    return list(sources.items())
+    process (XLA's), then those of the ``nvidia-*`` wheels in site-packages
+    (``cuda_libraries.sources``)."""
+    return cuda_libraries.sources("libcublasLt.so")
 
 
 def library_paths() -> list[str]:
@@ -89,17 +60,12 @@ def library_paths() -> list[str]:
 def available() -> bool:
     """True when cuBLASLt is loaded and the FFI target registered for CUDA (tried once
     per process; ``error()`` says why not). Call it only where a CUDA device exists."""
-    global _error
-    with _lock:
-        if _error is None:
-            _error = _load()
-        return _error == ""
+    return _loaded.available()
 
 
 def error() -> str:
     """'' when cuBLASLt is usable, else why not."""
-    available()
-    return _error or ""
+    return _loaded.error()
 
 
 def _load() -> str:
@@ -118,12 +84,10 @@ def _load() -> str:
     else:
         return ("no cuBLASLt library could be loaded: " + "; ".join(reasons[-3:]) if reasons else
                 "no cuBLASLt library is mapped into this process or installed in site-packages")
-    try:
-        for name, capsule in _native.cuda_registrations().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    except Exception as err:  # noqa: BLE001 - no CUDA platform in this jax
-        return f"the FFI target could not be registered for CUDA: {err}"
-    return ""
+    return cuda_libraries.register_targets()
+
+
+_loaded = cuda_libraries.LoadedOnce(_load)
 
 
 def library() -> str:
