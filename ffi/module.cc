@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "blas.h"
+#include "cublas_grouped.h"
 #include "cublaslt.h"
 #include "handlers.h"
 #include "isa.h"
@@ -25,6 +26,8 @@ nb::dict registrations() {
 nb::dict cuda_registrations() {
   nb::dict out;
   for (const auto& [name, handler] : jat::cuda_ffi_handlers())
+    out[name] = nb::capsule(reinterpret_cast<void*>(handler));
+  for (const auto& [name, handler] : jat::cublas_grouped_handlers())
     out[name] = nb::capsule(reinterpret_cast<void*>(handler));
   return out;
 }
@@ -70,7 +73,7 @@ NB_MODULE(_native, m) {
         "dlopen a CBLAS library (symbols <prefix>cblas_sgemm, ...); '' or why it failed.");
   m.def("blas_library", &jat::blas_library, "Path of the loaded BLAS library, or ''.");
   m.def("cuda_registrations", &cuda_registrations,
-        "{FFI target name: PyCapsule}, of the handlers for the CUDA platform (cuBLASLt).");
+        "{FFI target name: PyCapsule}, of the handlers for the CUDA platform (cuBLASLt, cuBLAS grouped).");
   m.def("load_cublaslt", &jat::load_cublaslt, nb::arg("path"),
         "dlopen a cuBLASLt library; '' or why it failed.");
   m.def("cublaslt_library", &jat::cublaslt_library, "Path of the loaded cuBLASLt, or ''.");
@@ -81,6 +84,12 @@ NB_MODULE(_native, m) {
         nb::arg("activation"), nb::arg("has_bias"), nb::arg("has_residual"),
         "Why jax_autotune_cublaslt_epilogue refuses its epilogue attributes, or ''.");
   m.def("cublaslt_version", &jat::cublaslt_version, "cublasLtGetVersion() of it, or 0.");
+  m.def("load_cublas_grouped", &jat::load_cublas_grouped, nb::arg("cublas_path"), nb::arg("driver_path"),
+        "dlopen cuBLAS (12.5 or newer) and the CUDA driver for the grouped GEMM; '' or why it failed.");
+  m.def("cublas_grouped_library", &jat::cublas_grouped_library, "Path of the loaded cuBLAS, or ''.");
+  m.def("cublas_grouped_attribute_error", &jat::cublas_grouped_attribute_error,
+        nb::arg("f32_operands"), nb::arg("ragged_k"), nb::arg("transpose_b"), nb::arg("tf32"),
+        "Why jax_autotune_cublas_grouped refuses these attributes, or '' (the handler's own check).");
   m.def("fma_seconds", &jat::fma_seconds, nb::arg("dtype"), nb::arg("iterations"),
         nb::arg("threads"), nb::call_guard<nb::gil_scoped_release>(),
         "Seconds for `threads` threads to each run `iterations` FMA rounds (probe).");

@@ -27,12 +27,16 @@ a lowering runs it on one split (``served``).
   ``mosaic_grouped_k.GROUPED_K_CONFIGS``): our Mosaic GPU grouped GEMM over each group's
   k rows (``kernels/gpu/mosaic_grouped_k.py``), the groups' FLOPs only, every split
   in-kernel; where the stored problem is not served, ``xla_ragged_dot``.
+* ``ragged_cublas_grouped`` (CUDA GPUs with cuBLAS 12.5 or newer; ragged m, or ragged k
+  stored as the weight gradient has them; one dtype of bf16, f16, f32): cuBLAS's grouped GEMM, one problem per non-empty group
+  (``kernels/gpu/cublas_grouped.py``); each call waits on the host for the group sizes, and
+  its time is charged that round trip.
 * ``ragged_tokamax_<implementation>`` (GPUs where tokamax is installed; "mosaic" and, where
   this jax ships Pallas's Triton backend, "triton"): ``tokamax.ragged_dot_general`` with
   that implementation alone (``kernels/gpu/tokamax_ragged.py``), ragged m or k.
 
     >>> cset = ragged_candidate_set(device)
-    >>> cset.names()          # a CPU device; a Hopper GPU adds the *mosaic_gemm_* ones
+    >>> cset.names()          # a CPU device; a GPU adds ragged_cublas_grouped, Hopper the *mosaic_gemm_* ones
     ('xla_ragged_dot', 'ragged_masked_dense', 'ragged_padded_dense_x2')
 """
 
@@ -45,7 +49,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_autotune.key import MatmulKey
-from jax_autotune.kernels.gpu import mosaic_grouped, mosaic_grouped_k, tokamax_ragged
+from jax_autotune.key import Precision
+from jax_autotune.kernels.gpu import cublas_grouped, mosaic_grouped, mosaic_grouped_k, tokamax_ragged
 from jax_autotune.kernels.groups import group_bounds
 from jax_autotune.kernels.gpu.mosaic_gemm import shared_memory_bytes
 from jax_autotune.kernels.xla import lax_precision
@@ -237,6 +242,30 @@ def _supports_mosaic_k(config):
     return supports
 
 
+def _cublas_served(ragged: str, transpose_a: bool, transpose_b: bool) -> bool:
+    """The stored layouts cuBLAS's grouped GEMM takes: every ragged m (lhs (m, k), as a
+    grouped problem always stores it), ragged k with lhs (k, m) and rhs (k, n)."""
+    return ragged == "m" or (transpose_a and not transpose_b)
+
+
+def cublas_one(lhs, rhs, group_sizes, problem: MatmulProblem):
+    """``one`` of a split for cuBLAS's grouped GEMM, ``xla_ragged_one`` where the problem
+    as stored is not served."""
+    if not _cublas_served(problem.ragged, problem.transpose_a, problem.transpose_b):
+        return xla_ragged_one(lhs, rhs, group_sizes, problem)
+    return cublas_grouped.grouped_matmul(lhs, rhs, group_sizes, ragged=problem.ragged,
+                                         transpose_rhs=problem.transpose_b, out_dtype=problem.out_dtype,
+                                         tf32=problem.precision == Precision.DEFAULT)
+
+
+def _supports_cublas(device: DeviceInfo, key: MatmulKey) -> bool:
+    return (device.platform == "gpu" and device.compute_capability is not None and _grouped(key)
+            and key.rhs_dtype == key.lhs_dtype and cublas_grouped.supported_dtypes(key.lhs_dtype, key.out_dtype)
+            and Precision(key.precision).algorithm is None
+            and _cublas_served(key.ragged, key.lhs_layout.transposed, key.rhs_layout.transposed)
+            and cublas_grouped.available())
+
+
 def tokamax_one(implementation: str):
     """``one`` of a split for tokamax's ``implementation`` on lax's own dimension numbers."""
     run = tokamax_ragged.tokamax_one(implementation)
@@ -271,6 +300,9 @@ MOSAIC_GROUPED_K = tuple(
               params={"family": "ragged_k_mosaic_gemm", **dataclasses.asdict(config)},
               supports=_supports_mosaic_k(config))
     for config in mosaic_grouped_k.GROUPED_K_CONFIGS)
+CUBLAS_GROUPED = Candidate("ragged_cublas_grouped", _each_split(cublas_one),
+                           params={"family": "cublas_grouped", "host_syncs": cublas_grouped.HOST_SYNCS},
+                           supports=_supports_cublas)
 TOKAMAX = tuple(
     Candidate(f"ragged_tokamax_{implementation}", _each_split(tokamax_one(implementation)),
               params={"family": "tokamax", "implementation": implementation},
@@ -305,7 +337,7 @@ def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
     builder = CandidateSetBuilder(device.platform, device.device_kind)
     builder.add(XLA_RAGGED_DOT)
     dense = builder.group("dense", lambda key: 1 if _grouped(key) else -1)
-    for candidate in MOSAIC_GROUPED + MOSAIC_GROUPED_K if device.platform == "gpu" else ():
+    for candidate in MOSAIC_GROUPED + MOSAIC_GROUPED_K + (CUBLAS_GROUPED,) if device.platform == "gpu" else ():
         builder.add(candidate, dense, lambda key: 2)
     lower = (MASKED_DENSE, PADDED_DENSE) + (TOKAMAX if device.platform == "gpu" else ())
     for candidate in lower:
@@ -313,5 +345,6 @@ def ragged_candidate_set(device: DeviceInfo) -> CandidateSet:
     return builder.build()
 
 
-__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "MOSAIC_GROUPED_K", "TOKAMAX",
+__all__ = ["XLA_RAGGED_DOT", "MASKED_DENSE", "PADDED_DENSE", "MOSAIC_GROUPED", "MOSAIC_GROUPED_K", "CUBLAS_GROUPED",
+           "TOKAMAX",
            "ragged_candidate_set", "served", "ragged_dimension_numbers", "xla_ragged_one", "capacity"]

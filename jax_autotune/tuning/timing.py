@@ -195,9 +195,10 @@ def compile_repeated(fn, args: tuple):
 class _DeviceMeasurement:
     reps = 1
 
-    def __init__(self, compiled, args, measure, batch: int, checked=None, checked_args=()):
+    def __init__(self, compiled, args, measure, batch: int, checked=None, checked_args=(), surcharge: float = 0.0):
         self.compiled, self.args, self.measure, self.batch = compiled, args, measure, batch
         self.checked, self.checked_args = checked, checked_args
+        self.surcharge = surcharge  # seconds per run the device does not see (host round trips)
         self._buffer: list[float | None] = []
 
     def output(self):
@@ -221,7 +222,7 @@ class _DeviceMeasurement:
                 milliseconds = [None] * self.batch
             elif not isinstance(milliseconds, (list, tuple)):
                 milliseconds = [milliseconds]
-            self._buffer = [None if ms is None else ms * 1e-3 for ms in milliseconds]
+            self._buffer = [None if ms is None else ms * 1e-3 + self.surcharge for ms in milliseconds]
         return self._buffer.pop(0)
 
 
@@ -244,12 +245,31 @@ class DeviceTimer:
         except (AttributeError, TypeError):  # no Cupti class: one session per call
             self._attach = self._detach = profiler.measure
         self._attached = False  # measured since the last detach (keys may be tuned two at once)
+        self._round_trip: float | None = None
 
     def prepare(self, candidate: Candidate, problem: MatmulProblem, args: tuple) -> Measurement:
         compiled = compile_candidate(candidate, problem, args)
+        # a candidate that waits on the host (``host_syncs`` per call) is charged the round
+        # trips its device time does not show; a grouped problem's run calls it once per split
+        syncs = candidate.params.get("host_syncs", 0) * (args[2].shape[0] if problem.groups else 1)
         return _DeviceMeasurement(compiled, args, self._measure, self.batch,
                                   _check_executable(candidate, problem, args),
-                                  _checked_args(problem, args))
+                                  _checked_args(problem, args), syncs * self.host_round_trip() if syncs else 0.0)
+
+    def host_round_trip(self) -> float:
+        """Seconds the host waits for a one-element result: a launch, the copy back and the
+        wait (median of 20 after a warm-up; measured once per timer)."""
+        if self._round_trip is None:
+            x = jnp.zeros((1,), jnp.float32)
+            with DEVICE_LOCK.exclusive():
+                np.asarray(_noop_program()(x))
+                samples = []
+                for _ in range(20):
+                    start = time.perf_counter()
+                    np.asarray(_noop_program()(x))
+                    samples.append(time.perf_counter() - start)
+            self._round_trip = float(np.median(samples))
+        return self._round_trip
 
     def _measure(self, compiled, iterations: int):
         """CUPTI's measurement of ``compiled`` (called with the device lock held)."""
