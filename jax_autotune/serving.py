@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 
-from jax_autotune.kernels.gpu import cublaslt
+from jax_autotune.kernels.gpu import cublas_grouped, cublaslt
 from jax_autotune.registry import native_module
 from jax_autotune.tuning import export_safety
 
@@ -101,6 +101,7 @@ def deserialize(blob: bytes | bytearray) -> jax.export.Exported:
         >>> jat.deserialize(open("model.jax", "rb").read()).call(x)
     """
     native_targets()
-    if any(d.platform == "gpu" for d in jax.devices()):
-        cublaslt.available()  # registers jax_autotune_cublaslt (kept with allow_targets)
+    if any(d.platform == "gpu" for d in jax.devices()):  # the CUDA targets, kept with allow_targets
+        cublaslt.available()  # loads cuBLASLt and registers every CUDA target
+        cublas_grouped.available()  # loads cuBLAS for jax_autotune_cublas_grouped
     return jax.export.deserialize(bytearray(blob))

@@ -134,6 +134,21 @@ def test_the_library_search_tells_cublas_from_cublaslt_and_takes_the_driver_only
         ("/usr/lib/x86_64-linux-gnu/libcuda.so.580.1", cuda_libraries.MAPPED)]
 
 
+def test_deserialize_loads_cublas_too_where_a_gpu_is(monkeypatch):
+    """An artifact that keeps jax_autotune_cublas_grouped (allow_targets) runs in a fresh
+    process: jat.deserialize loads cuBLAS as it loads cuBLASLt."""
+    import types
+    import jax_autotune as jat
+    from jax_autotune import serving
+    loaded = []
+    monkeypatch.setattr(serving.cublaslt, "available", lambda: loaded.append("cublaslt") or True)
+    monkeypatch.setattr(serving.cublas_grouped, "available", lambda: loaded.append("cublas_grouped") or True)
+    monkeypatch.setattr(serving.jax, "devices", lambda: [types.SimpleNamespace(platform="gpu")])
+    monkeypatch.setattr(serving.jax.export, "deserialize", lambda blob: ("deserialized", bytes(blob)))
+    assert jat.deserialize(b"artifact") == ("deserialized", b"artifact")
+    assert loaded == ["cublaslt", "cublas_grouped"]
+
+
 class _Candidate:
     def __init__(self, **params):
         self.params = params
