@@ -17,6 +17,7 @@ from jax_autotune.splits import representative_splits
 from jax_autotune.tuning import timing
 from jax_autotune.tuning.device import DeviceInfo
 from jax_autotune.tuning.plan import DEMOTED, make_plan
+from group_trials import split_sizes
 from numerics import KERNEL_TOLERANCES, rel_error
 
 H200 = DeviceInfo("gpu", "NVIDIA H200", 143_771 * 2**20, (9, 0))
@@ -192,15 +193,6 @@ def _float64_per_group(lhs, rhs, sizes, ragged_dim, transpose_rhs=False):
     return np.stack([x[a:b].T @ w[a:b] for a, b in zip(starts, ends)])
 
 
-def _sizes(rows, groups, split):
-    if split in ("equal", "skewed"):
-        return representative_splits(rows, groups)[0 if split == "equal" else 1]
-    sizes = representative_splits(rows, groups)[0] * (3 if split == "above" else 1)
-    if split == "below":
-        sizes[-2:] = 0
-    return sizes
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("ragged_dim,rows,other,k,groups,dtype,out,split,transpose_rhs", [
     ("m", 1000, 96, 64, 4, "bfloat16", None, "skewed", False),
@@ -224,7 +216,7 @@ def test_gpu_matches_float64_per_group(ragged_dim, rows, other, k, groups, dtype
     else:  # the weight gradient: lhs (rows, k), rhs (rows, other), rows split
         lhs = jax.random.normal(kx, (rows, k), jnp.float32).astype(dtype)
         rhs = jax.random.normal(kw, (rows, other), jnp.float32).astype(dtype)
-    sizes = np.asarray(_sizes(rows, groups, split), np.int32)
+    sizes = np.asarray(split_sizes(rows, groups, split), np.int32)
     got = jax.jit(lambda a, b, s: cublas_grouped.grouped_matmul(
         a, b, s, ragged=ragged_dim, transpose_rhs=transpose_rhs, out_dtype=out))(lhs, rhs, jnp.asarray(sizes))
     want = _float64_per_group(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes, ragged_dim, transpose_rhs)

@@ -16,7 +16,7 @@ from jax_autotune.problem import MatmulProblem
 from jax_autotune.splits import representative_splits
 from jax_autotune.tuning.device import DeviceInfo
 from cross_lowering import cuda_text, custom_calls
-from group_trials import group_trials
+from group_trials import group_trials, split_sizes
 from numerics import KERNEL_TOLERANCES, rel_error
 
 needs_mosaic = pytest.mark.skipif(not mk.AVAILABLE, reason=f"Mosaic GPU unavailable: {mk.IMPORT_ERROR}")
@@ -158,15 +158,6 @@ def test_the_candidate_runs_xla_where_the_stored_problem_is_not_served():
 
 # ---------------------------------------------------------------- GPU: numbers
 
-def _sizes(k, groups, split):
-    if split in ("equal", "skewed"):
-        return representative_splits(k, groups)[0 if split == "equal" else 1]
-    sizes = representative_splits(k, groups)[0] * (3 if split == "above" else 1)
-    if split == "below":
-        sizes[-2:] = 0
-    return sizes
-
-
 def _check_per_group(got, x, dy, sizes, out_dtype):
     """Each group's product against float64, empty groups exactly zero."""
     got = np.asarray(got.astype(jnp.float32), np.float64)
@@ -195,7 +186,7 @@ def test_gpu_matches_float64_per_group(m, n, k, groups, dtype, out, split):
     kx, kd = jax.random.split(jax.random.key(m + n + k + groups))
     x = jax.random.normal(kx, (k, m), jnp.float32).astype(dtype)
     dy = jax.random.normal(kd, (k, n), jnp.float32).astype(dtype)
-    sizes = _sizes(k, groups, split)
+    sizes = split_sizes(k, groups, split)
     out_dtype = out or dtype
     for config in mk.GROUPED_K_CONFIGS:
         if not mk.supports_grouped_k(m, n, k, dtype, out_dtype=out, config=config):
