@@ -150,6 +150,18 @@ def test_deserialize_loads_cublas_too_where_a_gpu_is(monkeypatch):
     assert loaded == ["cublaslt", "cublas_grouped"]
 
 
+def test_explain_says_which_cublas_this_process_loaded(fresh_tuning):
+    from jax_autotune.cli.table import explain_lines
+    from jax_autotune.tuning.decision import CandidateResult, Decision
+    problem = _forward()
+    decision = Decision(key=problem.key(), problem=problem, winner=NAME,
+                        results=(CandidateResult(NAME, "ok", score=1e-5),))
+    lines = explain_lines("gpu-H200-mem139", decision)
+    assert "cublas     not loaded: no CUDA device in this process" in lines  # on this CPU host
+    assert not any(line.startswith("cublas ") for line in explain_lines(
+        "gpu-H200-mem139", Decision(key=problem.key(), problem=problem, winner="xla_ragged_dot", results=())))
+
+
 class _Candidate:
     def __init__(self, **params):
         self.params = params

@@ -28,7 +28,7 @@ import sys
 
 import jax_autotune.config as config
 from jax_autotune.columns import LINE_WIDTH, aligned, fitted
-from jax_autotune.kernels.gpu import cublaslt
+from jax_autotune.kernels.gpu import cublas_grouped, cublaslt
 from jax_autotune.tables.install import (clear_decisions, install_table, read_table, stored_devices,
                                          table)
 from jax_autotune.tables.summary import SummaryRow, key_id
@@ -125,6 +125,8 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
         lines.append(f"exported   {decision.export_kernel}{why}")
     if any(r.name.startswith("cublaslt") or "_cublaslt" in r.name for r in decision.results):
         lines.append(f"cublaslt   {cublaslt.describe()}")  # this process's library
+    if any(r.name == "ragged_cublas_grouped" for r in decision.results):
+        lines.append(f"cublas     {cublas_grouped.describe()}")
     header = ("", "candidate", "outcome", "round", "samples", "score", "pruned", "rel_error", "error")
     cells = [header]
     for r in sorted(decision.results, key=lambda r: (r.score is None, r.score or 0.0, r.name)):

@@ -31,6 +31,9 @@ TARGET = "jax_autotune_cublas_grouped"
 IN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
 HOST_SYNCS = 1  # host round trips per call: the group sizes copied back
 
+_path = ""  # the cuBLAS loaded
+_origin = ""  # where it was found
+
 
 def available() -> bool:
     """True when cuBLAS (12.5 or newer) and the CUDA driver are loaded and the FFI target
@@ -52,10 +55,12 @@ def _load() -> str:
     drivers = [path for path, _ in cuda_libraries.sources("libcuda.so", wheels=False)]
     if not drivers:
         return "the CUDA driver (libcuda) is not mapped into this process"
+    global _path, _origin
     reasons = []
-    for path, _ in cuda_libraries.sources("libcublas.so"):
+    for path, origin in cuda_libraries.sources("libcublas.so"):
         reason = _native.load_cublas_grouped(path, drivers[0])
         if reason == "":
+            _path, _origin = _native.cublas_grouped_library(), origin
             return cuda_libraries.register_targets()
         reasons.append(reason)
     return ("no cuBLAS with a grouped GEMM could be loaded: " + "; ".join(reasons[-3:]) if reasons else
@@ -63,6 +68,16 @@ def _load() -> str:
 
 
 _loaded = cuda_libraries.LoadedOnce(_load)
+
+
+def describe() -> str:
+    """Which cuBLAS this process runs the grouped GEMM with and where it was found, or why
+    none; loads it where a CUDA device exists.
+
+        >>> cublas_grouped.describe()
+        '/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublas.so.13 (already mapped by XLA)'
+    """
+    return _loaded.describe(lambda: f"{_path} ({_origin})")
 
 
 def supported_dtypes(in_dtype: str, out_dtype: str) -> bool:
@@ -117,4 +132,5 @@ def grouped_matmul(lhs, rhs, group_sizes, *, ragged: str = "m", transpose_rhs: b
     return result
 
 
-__all__ = ["TARGET", "HOST_SYNCS", "IN_DTYPES", "available", "error", "grouped_matmul", "supported_dtypes"]
+__all__ = ["TARGET", "HOST_SYNCS", "IN_DTYPES", "available", "describe", "error", "grouped_matmul",
+           "supported_dtypes"]

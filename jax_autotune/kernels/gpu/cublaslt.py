@@ -102,9 +102,7 @@ def describe() -> str:
         >>> cublaslt.describe()
         '/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcublasLt.so.13 (already mapped by XLA)'
     """
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        return "not loaded: no CUDA device in this process"
-    return f"{_path} ({_origin})" if available() else f"not loaded: {error()}"
+    return _loaded.describe(lambda: f"{_path} ({_origin})")
 
 
 def supported_dtypes(lhs_dtype: str, rhs_dtype: str, out_dtype: str) -> bool:

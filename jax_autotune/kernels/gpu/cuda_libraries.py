@@ -82,6 +82,13 @@ class LoadedOnce:
         self.available()
         return self._error or ""
 
+    def describe(self, loaded: Callable[[], str]) -> str:
+        """``loaded()`` (which library, where from) when it loads, else why not; loads it
+        only where a CUDA device exists."""
+        if not any(d.platform == "gpu" for d in jax.devices()):
+            return "not loaded: no CUDA device in this process"
+        return loaded() if self.available() else f"not loaded: {self.error()}"
+
 
 def register_targets() -> str:
     """Registers every CUDA FFI target of the native module for the CUDA platform, once
