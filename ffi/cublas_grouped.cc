@@ -249,26 +249,23 @@ std::string load_cublas_grouped(const std::string& cublas_path, const std::strin
   void* cublas = dlopen(cublas_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (cublas == nullptr) return std::string("dlopen failed: ") + dlerror();
   void* driver = dlopen(driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (driver == nullptr) {
+  const std::string driver_error = driver ? "" : std::string("dlopen failed: ") + dlerror();
+  auto fail = [&](const std::string& why) {  // neither library stays open
     dlclose(cublas);
-    return std::string("dlopen failed: ") + dlerror();
-  }
+    if (driver != nullptr) dlclose(driver);
+    return why;
+  };
+  if (driver == nullptr) return fail(driver_error);
   Api api{};
   if (!(resolve(cublas, "cublasCreate_v2", &api.create) &&
         resolve(cublas, "cublasSetStream_v2", &api.set_stream) &&
-        resolve(cublas, "cublasGemmGroupedBatchedEx", &api.grouped))) {
-    dlclose(cublas);
-    dlclose(driver);
-    return "not a cuBLAS with a grouped GEMM (12.5 or newer): " + cublas_path;
-  }
+        resolve(cublas, "cublasGemmGroupedBatchedEx", &api.grouped)))
+    return fail("not a cuBLAS with a grouped GEMM (12.5 or newer): " + cublas_path);
   if (!(resolve(driver, "cuMemcpyDtoHAsync_v2", &api.to_host) &&
         resolve(driver, "cuMemcpyHtoDAsync_v2", &api.to_device) &&
         resolve(driver, "cuMemsetD8Async", &api.memset) &&
-        resolve(driver, "cuStreamSynchronize", &api.synchronize))) {
-    dlclose(cublas);
-    dlclose(driver);
-    return "not a CUDA driver library (a cu* entry point is missing): " + driver_path;
-  }
+        resolve(driver, "cuStreamSynchronize", &api.synchronize)))
+    return fail("not a CUDA driver library (a cu* entry point is missing): " + driver_path);
   lib.api = api;
   lib.path = cublas_path;
   return "";

@@ -3,6 +3,7 @@ candidate: which keys it runs for, the handler's attribute checks, the wrapper's
 library search, the host round trip charged to its time; on a GPU, every group against
 float64 (empty groups, rows in no group, sums above and below the rows)."""
 
+import ctypes.util
 import math
 
 import jax
@@ -95,6 +96,9 @@ def test_the_handler_refuses_bad_attributes_before_touching_anything():
 def test_a_library_that_is_not_there_is_a_reason_not_a_crash():
     native = pytest.importorskip("jax_autotune._native")
     assert native.load_cublas_grouped("/no/such/libcublas.so.13", "/no/such/libcuda.so.1").startswith("dlopen failed")
+    libc = ctypes.util.find_library("c")  # a library that loads but is neither
+    assert native.load_cublas_grouped(libc, "/no/such/libcuda.so.1").startswith("dlopen failed: /no/such/libcuda")
+    assert native.load_cublas_grouped(libc, libc).startswith("not a cuBLAS with a grouped GEMM")
     assert native.cublas_grouped_library() == ""
 
 
