@@ -55,7 +55,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from jax_autotune.problem import MatmulProblem
-from jax_autotune.tuning import operand_copies, xla_priming
+from jax_autotune.tuning import host_blas, operand_copies, xla_priming
 from jax_autotune.tuning.candidates import Candidate
 from jax_autotune.tuning.correctness import check, prepare_check, reference
 from jax_autotune.tuning.decision import CandidateResult, Outcome
@@ -383,7 +383,15 @@ def xla_round(plan) -> tuple[Candidate, ...]:
 
 def benchmark_key(plan, problem: MatmulProblem, setup: Setup, budget_seconds: float = math.inf) -> BenchmarkResult:
     """Run the plan's rounds for ``problem`` on ``setup``'s device until one round has a
-    valid candidate, the short-circuit or the budget (see the module docstring)."""
+    valid candidate, the short-circuit or the budget (see the module docstring). With a
+    host clock numpy's BLAS runs on one thread meanwhile (``host_blas``): the reference and
+    each check run just before a candidate is timed, and must leave no thread spinning."""
+    quiet = contextlib.nullcontext() if setup.timer.measures_device_time else host_blas.single_threaded()
+    with quiet:
+        return _benchmarked(plan, problem, setup, budget_seconds)
+
+
+def _benchmarked(plan, problem: MatmulProblem, setup: Setup, budget_seconds: float) -> BenchmarkResult:
     phases = PhaseClock()
     with phases("operands"):
         inputs = random_operands(problem, setup.jax_device)
