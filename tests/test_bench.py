@@ -326,3 +326,77 @@ def test_probes_that_fail_beside_the_reference_are_measured_again_alone():
         raise RuntimeError("still disturbed")
     with pytest.raises(RuntimeError, match="still disturbed"):  # the tuner falls back to XLA's dot
         _peaks(failed, types.SimpleNamespace(probes=types.SimpleNamespace(peaks_for=broken)), problem)
+
+
+# ---------------------------------------------------------------- host clocks: in turns
+
+def host_bench(scripts, rules=TuningRules()):
+    """A host-clock benchmark of XLA's dot and "fast", timed alone then in turns."""
+    timer = FakeTimer(scripts, device_time=False)
+    b = bench(timer, rules=rules)
+    b.run_round(BASE, [fake_candidate("fast")])
+    b.compare_in_turns("xla_dot")
+    return b, timer
+
+
+def test_a_winner_timed_alone_that_loses_in_turns_with_xla_s_dot_leaves_xla_s_dot():
+    # alone: 3.0 against 2.0; in turns the host drifted, and XLA's dot is 1.9 to its 2.0
+    b, timer = host_bench({"xla_dot": [3.0, 3.0, 3.0, 3.0, 1.9], "fast": [2.0]})
+    assert b.results["fast"].score == 2.0 and b.results["xla_dot"].score == 3.0
+    assert b.results["fast"].paired_ratio == pytest.approx(0.95)
+    assert b.winner("xla_dot") == "xla_dot"
+    # three pairs all under the margin end it: four samples each alone, then three each
+    assert timer.samples_of("fast") == 7 and timer.samples_of("xla_dot") == 7
+
+
+def test_a_winner_that_stays_ahead_in_turns_keeps_its_place_and_the_order_swaps_every_pair():
+    b, timer = host_bench({"xla_dot": [3.0], "fast": [2.0]})
+    assert b.results["fast"].paired_ratio == pytest.approx(1.5)
+    assert b.winner("xla_dot") == "fast"
+    in_turns = [name for kind, name in timer.events if kind == "sample"][8:]
+    assert in_turns == ["fast", "xla_dot", "xla_dot", "fast", "fast", "xla_dot"]
+
+
+def test_pairs_on_both_sides_of_the_margin_run_to_the_most_pairs_and_the_median_decides():
+    drifting = [3.0] * 4 + [2.1, 1.9] * 4  # ratios to fast's 2.0: 1.05, 0.95, ...
+    b, timer = host_bench({"xla_dot": drifting, "fast": [2.0]}, TuningRules(paired_samples=8))
+    assert timer.samples_of("fast") == 4 + 8
+    assert b.results["fast"].paired_ratio == pytest.approx(1.0)
+    assert b.winner("xla_dot") == "xla_dot"
+
+
+def test_a_device_timer_or_no_pairs_times_nothing_in_turns():
+    b, timer = host_bench({"xla_dot": [3.0], "fast": [2.0]}, TuningRules(paired_samples=0))
+    assert b.results["fast"].paired_ratio is None and timer.samples_of("fast") == 4
+    device = FakeTimer({"xla_dot": [3.0], "fast": [2.0]})
+    b = bench(device)
+    b.run_round(BASE, [fake_candidate("fast")])
+    b.compare_in_turns("xla_dot")
+    assert b.results["fast"].paired_ratio is None and device.samples_of("fast") == 4
+    assert b.winner("xla_dot") == "fast"
+
+
+def test_a_candidate_level_with_xla_s_dot_alone_but_ahead_in_turns_wins():
+    b, timer = host_bench({"xla_dot": [1.0], "fast": [1.01, 1.01, 1.01, 1.01, 0.9]})
+    assert b.winner() == "xla_dot"  # alone: 1.0 against 1.01
+    assert b.results["fast"].paired_ratio == pytest.approx(1.0 / 0.9)
+    assert b.winner("xla_dot") == "fast" and timer.samples_of("xla_dot") == 4 + 3
+
+
+def test_a_candidate_beyond_the_prune_ratio_of_xla_s_dot_is_not_timed_again():
+    b, timer = host_bench({"xla_dot": [1.0], "fast": [1.6]})
+    assert b.winner("xla_dot") == "xla_dot" and timer.samples_of("xla_dot") == 4
+    assert all(r.paired_ratio is None for r in b.results.values())
+
+
+def test_a_sample_that_fails_in_turns_leaves_the_rounds_results():
+    b, _ = host_bench({"xla_dot": [3.0, 3.0, 3.0, 3.0, RuntimeError("busy")], "fast": [2.0]})
+    assert b.results["fast"].paired_ratio is None and b.results["fast"].outcome == "ok"
+    assert b.winner("xla_dot") == "fast"
+    b, _ = host_bench({"xla_dot": [3.0, 3.0, 3.0, 3.0, None], "fast": [2.0]})
+    assert b.results["fast"].paired_ratio is None and b.winner("xla_dot") == "fast"
+
+
+def test_paired_samples_must_not_be_negative():
+    with pytest.raises(ValueError, match="paired_samples"):
+        TuningRules(paired_samples=-1)

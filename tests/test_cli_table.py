@@ -128,6 +128,16 @@ def test_explain_says_what_an_export_used(tuner, capsys):
     assert "exported   slow (why)" in out
 
 
+def test_explain_says_how_a_host_clock_s_winner_fared_in_turns_with_the_baseline_after_a_reload(tuner, capsys):
+    decision = tuner.known.lookup(PROBLEM_A.key())
+    _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
+    assert "in turns" not in out
+    paired = tuple(dataclasses.replace(r, paired_ratio=0.97) if r.name == "fast" else r for r in decision.results)
+    assert tuner.known.install(dataclasses.replace(decision, winner="xla_dot", results=paired))
+    _, out, _ = run(capsys, "explain", key_id(PROBLEM_A.key()))
+    assert "in turns   fast: the baseline took 0.97x its time, timed in turns (xla_dot kept)" in out
+
+
 def test_explain_refuses_an_ambiguous_or_unknown_key(tuner, capsys):
     code, _, err = run(capsys, "explain", "k=")
     assert code == 2 and "matches 2 decisions" in err and key_id(PROBLEM_B.key()) in err

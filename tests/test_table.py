@@ -223,8 +223,9 @@ def _set(path_in_entry, value):
     (_set(["entries", 0, "problem"], None), "entries[0].problem"),
     (_set(["entries", 0, "tuning_seconds"], 10**400), "entries[0].tuning_seconds"),
     (_set(["entries", 0, "results", 0, "score"], -10**400), "results[0].score"),
+    (_set(["entries", 0, "results", 0, "paired_ratio"], "1.05"), "results[0].paired_ratio"),
 ], ids=["created", "devices", "checksum", "candidates", "candidate-name", "winner",
-        "timestamp", "samples", "outcome", "key-field", "problem", "huge-int", "huge-score"])
+        "timestamp", "samples", "outcome", "key-field", "problem", "huge-int", "huge-score", "paired-ratio"])
 def test_a_field_of_the_wrong_type_is_an_error_naming_the_field(store, tmp_path, mutate, field):
     data = table(tuners=[tuned_tuner(store)]).to_json()
     mutate(data)

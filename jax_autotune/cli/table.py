@@ -120,6 +120,9 @@ def explain_lines(device: str, decision: Decision) -> list[str]:
                      f"launch {format_seconds(b.get('launch_overhead'))}")
     if decision.reason:
         lines.append(f"reason     {decision.reason}")
+    for r in (r for r in decision.results if r.paired_ratio is not None):
+        kept = "it won" if r.name == decision.winner else f"{decision.winner} kept"
+        lines.append(f"in turns   {r.name}: the baseline took {r.paired_ratio:.2f}x its time, timed in turns ({kept})")
     if decision.export_kernel:
         why = f" ({decision.export_reason})" if decision.export_reason else ""
         lines.append(f"exported   {decision.export_kernel}{why}")

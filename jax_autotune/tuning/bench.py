@@ -27,7 +27,11 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
 
 The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
 SCORE, the median of its kept samples; it replaces XLA's dot only when it is faster by
-more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal kernel. Every constant is in ``rules.TuningRules``.
+more than ``baseline_margin`` (2%), so noise never trades XLA's dot for an equal kernel.
+With a host clock the fastest other candidate (within the prune ratio of XLA's dot) is
+then timed in turns with XLA's dot, and that comparison decides, by the same margin
+(``KeyBenchmark.compare_in_turns``: up to 8 pairs, the median of their ratios). Every
+constant is in ``rules.TuningRules``.
 
     >>> bench = KeyBenchmark(problem, inputs, reference, timer, limit=bounds.limit)
     >>> bench.run_round(plan.baseline, round.candidates, label="gemm/2")
@@ -120,6 +124,10 @@ class CompileQueue:
         """(measurement, None), or (None, the error the compile raised)."""
         self.start(candidate)
         return self._futures[candidate.name].result()
+
+    def measured(self, name: str) -> Measurement | None:
+        """The measurement of the candidate ``name`` compiled here; None when its compile failed."""
+        return self._futures[name].result()[0]
 
     def close(self) -> None:
         """Drop compiles not begun; wait for those running (a thread cannot be stopped)."""
@@ -246,15 +254,54 @@ class KeyBenchmark:
 
     def winner(self, baseline: str | None = None) -> str | None:
         """The eligible candidate with the lowest score; a candidate must beat an eligible
-        ``baseline`` by ``rules.baseline_margin`` to replace it (noise is not a win)."""
+        ``baseline`` by ``rules.baseline_margin`` to replace it (noise is not a win). Where
+        one was timed in turns with the baseline (``compare_in_turns``), that comparison
+        decides between the two."""
         eligible = [r for r in self.results.values() if r.eligible]
         if not eligible:
             return None
         best = min(eligible, key=lambda r: r.score)
         base = self.results.get(baseline) if baseline else None
-        if base is not None and base.eligible and best.score * (1 + self.rules.baseline_margin) > base.score:
-            return base.name
-        return best.name
+        if base is None or not base.eligible:
+            return best.name
+        bar = 1 + self.rules.baseline_margin
+        paired = next((r for r in eligible if r.paired_ratio is not None), None)
+        if paired is not None:
+            return paired.name if paired.paired_ratio > bar else base.name
+        return best.name if best.score * bar <= base.score else base.name
+
+    def compare_in_turns(self, baseline: str) -> None:
+        """With a host clock, the fastest other candidate timed again in turns with
+        ``baseline`` (the order swapped every pair), up to ``rules.paired_samples`` pairs: a
+        busy host drifts between one candidate's samples and the next's, and a pair sees
+        one state. Only a candidate within ``rules.prune_ratio`` of the baseline's score
+        takes part. The median of the pairs' ratios (baseline over candidate) is kept on
+        its result as ``paired_ratio``, and decides ``winner``. Sampling stops after
+        ``rules.min_samples`` pairs that all fall on one side of the margin. A failed
+        sample leaves the results as they were."""
+        base = self.results.get(baseline)
+        others = [r for r in self.results.values() if r.eligible and r.name != baseline]
+        if (self.timer.measures_device_time or not self.rules.paired_samples or not others
+                or base is None or not base.eligible):
+            return
+        name = min(others, key=lambda r: r.score).name
+        if self.results[name].score > self.rules.prune_ratio * base.score:
+            return
+        measurements = {name: self.compiles.measured(name), baseline: self.compiles.measured(baseline)}
+        bar = 1 + self.rules.baseline_margin
+        ratios: list[float] = []
+        try:
+            for pair in range(self.rules.paired_samples):
+                order = (name, baseline) if pair % 2 == 0 else (baseline, name)
+                seconds = {who: measurements[who].sample() for who in order}
+                if not all(s is not None and math.isfinite(s) and s > 0 for s in seconds.values()):
+                    return
+                ratios.append(seconds[baseline] / seconds[name])
+                if len(ratios) >= self.rules.min_samples and len({r > bar for r in ratios}) == 1:
+                    break
+        except Exception:  # noqa: BLE001 - the results of the rounds stand
+            return
+        self.results[name] = dataclasses.replace(self.results[name], paired_ratio=statistics.median(ratios))
 
     # ---------------------------------------------------------------- steps
     def _order(self, candidate: Candidate, baseline: Candidate):
@@ -420,6 +467,8 @@ def _benchmarked(plan, problem: MatmulProblem, setup: Setup, budget_seconds: flo
             for round_ in plan.runnable:
                 if bench.run_round(plan.baseline, round_.candidates, round_.label) or bench.finished:
                     break
+        with phases("paired"):
+            bench.compare_in_turns(plan.baseline.name)
     finally:
         side.shutdown(wait=True)
         compiles.close()

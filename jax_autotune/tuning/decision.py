@@ -75,6 +75,7 @@ class CandidateResult:
     error: str = ""
     compile_seconds: float | None = None  # wall time to compile (and calibrate) it
     compile_wait_seconds: float | None = None  # of that, waiting for the device to be free
+    paired_ratio: float | None = None  # host clocks: XLA's dot's time over this one's, timed in turns
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:

@@ -24,6 +24,9 @@ class TuningRules:
     short_circuit_hits: int = 2  # in-bound samples that end the whole tuning
     stable_spread: float = 0.03  # stop sampling once median/min - 1 is within this
     baseline_margin: float = 0.02  # a candidate must beat XLA's dot by this to replace it
+    # host clocks: the fastest other candidate is timed again in turns with XLA's dot, this
+    # many pairs at most, and that decides between them (``KeyBenchmark.compare_in_turns``); 0: never
+    paired_samples: int = 8
     budget_seconds: float | None = None  # per key; None: the ``budget_seconds`` setting
     compile_ahead: int = 4  # device timers: candidates compiling while one is measured
     # a candidate estimated slower than this x the best measured time is not compiled
@@ -46,6 +49,8 @@ class TuningRules:
     def __post_init__(self):
         if not 1 <= self.min_samples <= self.max_samples:
             raise ValueError("TuningRules: need 1 <= min_samples <= max_samples")
+        if self.paired_samples < 0:
+            raise ValueError("TuningRules: paired_samples must be >= 0")
         if self.prune_ratio <= 1.0:
             raise ValueError("TuningRules: prune_ratio must be > 1")
         if self.reuse_ratio is not None and self.reuse_ratio <= 1.0:

@@ -150,7 +150,7 @@ def _check_bounds(bounds: Any, where: str, origin: str) -> None:
 _RESULT_FIELDS = {"name": (str, True), "outcome": (str, True), "round": (str, False),
                   "samples": (list, False), "score": ((_NUMBER, type(None)), False),
                   "pruned": (bool, False), "rel_error": ((_NUMBER, type(None)), False),
-                  "error": (str, False)}
+                  "error": (str, False), "paired_ratio": ((_NUMBER, type(None)), False)}
 _ENTRY_FIELDS = {"key": (dict, True), "key_string": (str, False), "problem": (dict, True),
                  "winner": (str, True), "results": (list, False),
                  "bounds": ((dict, type(None)), False), "limit": ((_NUMBER, type(None)), False),
