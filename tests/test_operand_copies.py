@@ -135,10 +135,10 @@ def test_on_a_gpu_a_decode_step_s_scores_time_every_candidate_behind_the_cache_c
     monkeypatch.setattr(timing, "compile_candidate", spy)
     # one query token over a (batch, cache, heads, head_dim) cache: the cache is copied
     q, k = _normal(0, (8, 1, 16, 128), jnp.bfloat16), _normal(1, (8, 1024, 16, 128), jnp.bfloat16)
-    fn = jax.jit(lambda q, k: jat.dot_general(q, k, SCORES, preferred_element_type=jnp.float32))
-    (key,) = _keys(fn, q, k)
+    scores = lambda q, k: jat.dot_general(q, k, SCORES, preferred_element_type=jnp.float32)  # noqa: E731
+    (key,) = _keys(scores, q, k)
     assert (key.lhs_copied, key.rhs_copied) == (False, True)
-    out = fn(q, k)
+    out = jax.jit(scores)(q, k)
     exact = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), np.asarray(k, np.float64))
     np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2e-2, atol=2e-2)
     timed = [shape for name, shape in compiled]
