@@ -341,12 +341,13 @@ def host_bench(scripts, rules=TuningRules()):
 
 def test_a_winner_timed_alone_that_loses_in_turns_with_xla_s_dot_leaves_xla_s_dot():
     # alone: 3.0 against 2.0; in turns the host drifted, and XLA's dot is 1.9 to its 2.0
-    b, timer = host_bench({"xla_dot": [3.0, 3.0, 3.0, 3.0, 1.9], "fast": [2.0]})
+    # (the 100.0 is its first turn's untimed run: kept, it would have put a pair above the bar)
+    b, timer = host_bench({"xla_dot": [3.0, 3.0, 3.0, 3.0, 100.0, 1.9], "fast": [2.0]})
     assert b.results["fast"].score == 2.0 and b.results["xla_dot"].score == 3.0
     assert b.results["fast"].paired_ratio == pytest.approx(0.95)
     assert b.winner("xla_dot") == "xla_dot"
-    # three pairs all under the margin end it: four samples each alone, then three each
-    assert timer.samples_of("fast") == 7 and timer.samples_of("xla_dot") == 7
+    # three pairs all under the margin end it: four samples each alone, then two a turn
+    assert timer.samples_of("fast") == 4 + 3 * 2 and timer.samples_of("xla_dot") == 4 + 3 * 2
 
 
 def test_a_winner_that_stays_ahead_in_turns_keeps_its_place_and_the_order_swaps_every_pair():
@@ -354,13 +355,14 @@ def test_a_winner_that_stays_ahead_in_turns_keeps_its_place_and_the_order_swaps_
     assert b.results["fast"].paired_ratio == pytest.approx(1.5)
     assert b.winner("xla_dot") == "fast"
     in_turns = [name for kind, name in timer.events if kind == "sample"][8:]
-    assert in_turns == ["fast", "xla_dot", "xla_dot", "fast", "fast", "xla_dot"]
+    assert in_turns == ["fast", "fast", "xla_dot", "xla_dot", "xla_dot", "xla_dot", "fast", "fast",
+                        "fast", "fast", "xla_dot", "xla_dot"]  # each turn: one untimed run, one sample
 
 
 def test_pairs_on_both_sides_of_the_margin_run_to_the_most_pairs_and_the_median_decides():
-    drifting = [3.0] * 4 + [2.1, 1.9] * 4  # ratios to fast's 2.0: 1.05, 0.95, ...
+    drifting = [3.0] * 4 + [2.1, 2.1, 1.9, 1.9] * 4  # ratios to fast's 2.0: 1.05, 0.95, ...
     b, timer = host_bench({"xla_dot": drifting, "fast": [2.0]}, TuningRules(paired_samples=8))
-    assert timer.samples_of("fast") == 4 + 8
+    assert timer.samples_of("fast") == 4 + 8 * 2
     assert b.results["fast"].paired_ratio == pytest.approx(1.0)
     assert b.winner("xla_dot") == "xla_dot"
 
@@ -380,7 +382,7 @@ def test_a_candidate_level_with_xla_s_dot_alone_but_ahead_in_turns_wins():
     b, timer = host_bench({"xla_dot": [1.0], "fast": [1.01, 1.01, 1.01, 1.01, 0.9]})
     assert b.winner() == "xla_dot"  # alone: 1.0 against 1.01
     assert b.results["fast"].paired_ratio == pytest.approx(1.0 / 0.9)
-    assert b.winner("xla_dot") == "fast" and timer.samples_of("xla_dot") == 4 + 3
+    assert b.winner("xla_dot") == "fast" and timer.samples_of("xla_dot") == 4 + 3 * 2
 
 
 def test_a_candidate_beyond_the_prune_ratio_of_xla_s_dot_is_not_timed_again():

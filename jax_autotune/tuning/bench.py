@@ -274,7 +274,8 @@ class KeyBenchmark:
         """With a host clock, the fastest other candidate timed again in turns with
         ``baseline`` (the order swapped every pair), up to ``rules.paired_samples`` pairs: a
         busy host drifts between one candidate's samples and the next's, and a pair sees
-        one state. Only a candidate within ``rules.prune_ratio`` of the baseline's score
+        one state. Each side runs once untimed before its sample: the first run after the
+        other candidate's meets its threads still winding down. Only a candidate within ``rules.prune_ratio`` of the baseline's score
         takes part. The median of the pairs' ratios (baseline over candidate) is kept on
         its result as ``paired_ratio``, and decides ``winner``. Sampling stops after
         ``rules.min_samples`` pairs that all fall on one side of the margin. A failed
@@ -293,7 +294,7 @@ class KeyBenchmark:
         try:
             for pair in range(self.rules.paired_samples):
                 order = (name, baseline) if pair % 2 == 0 else (baseline, name)
-                seconds = {who: measurements[who].sample() for who in order}
+                seconds = {who: _after_one_untimed(measurements[who]) for who in order}
                 if not all(s is not None and math.isfinite(s) and s > 0 for s in seconds.values()):
                     return
                 ratios.append(seconds[baseline] / seconds[name])
@@ -378,6 +379,12 @@ class KeyBenchmark:
 
 
 # ---------------------------------------------------------------- one key, end to end
+
+def _after_one_untimed(measurement) -> float | None:
+    """A sample of ``measurement`` taken after one it discards."""
+    measurement.sample()
+    return measurement.sample()
+
 
 class PhaseClock:
     """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
