@@ -16,9 +16,9 @@ experts above the dense matmul's time. Device time of all the
 kernels of one call: CUPTI, median of 3 rounds of 20 runs; where CUPTI cannot follow a
 program (the ``timer`` column says "wall"), the median wall time of 20 waited-for runs. The tuned result is
 compared with XLA's (max relative error) in every row. Peers in a child process each:
-torch's grouped matmul (``torch._grouped_mm``, bf16, bare) when this torch has it, and
-tokamax's ``ragged_dot`` when tokamax imports; a peer that fails or is absent is reported
-as such. Writes moe_suite_<date>.{md,json}.
+torch's grouped matmul (``torch._grouped_mm``, bf16, in every mode: the backward by autograd)
+when this torch has it, and tokamax's ``ragged_dot`` (bare) when tokamax imports; a peer that
+fails or is absent is reported as such, a mode a peer does not time says "not timed". Writes moe_suite_<date>.{md,json}.
 """
 
 from __future__ import annotations
@@ -224,13 +224,41 @@ def _peer_child(peer: str, cases: list) -> None:
 
 
 def _torch_grouped_us(case: Case, split: str) -> dict:
+    """torch's grouped matmul in each mode, as ``functions`` computes it: bare ("us"), the
+    SwiGLU up ("swiglu_us") and both gradients by autograd ("backward_us"); a mode that
+    fails is reported under "<mode>_error", the others still timed."""
     import torch
     if not hasattr(torch, "_grouped_mm"):
         raise RuntimeError(f"torch {torch.__version__} has no _grouped_mm")
-    x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(case.experts, case.k, case.n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w, up = (torch.randn(case.experts, case.k, case.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+             for _ in range(2))
     offsets = torch.tensor(group_sizes(case, split), device="cuda").cumsum(0).to(torch.int32)
-    return {"us": peers.torch_kernel_us(lambda: torch._grouped_mm(x, w, offs=offsets))}
+
+    def grouped(weights):
+        return torch._grouped_mm(x, weights, offs=offsets)
+
+    def swiglu():
+        with torch.no_grad():
+            return torch.nn.functional.silu(grouped(w)) * grouped(up)
+
+    def bare():
+        with torch.no_grad():
+            return grouped(w)
+
+    row = {"us": peers.torch_kernel_us(bare)}
+    try:
+        row["swiglu_us"] = peers.torch_kernel_us(swiglu)
+    except Exception as err:  # noqa: BLE001 - one mode failing is reported
+        row["swiglu_error"] = f"{type(err).__name__}: {err}"[:200]
+    try:
+        y = grouped(w)
+        cotangent = torch.randn_like(y)
+        row["backward_us"] = peers.torch_kernel_us(
+            lambda: torch.autograd.grad(y, (x, w), cotangent, retain_graph=True))
+    except Exception as err:  # noqa: BLE001
+        row["backward_error"] = f"{type(err).__name__}: {err}"[:200]
+    return row
 
 
 TOKAMAX_IMPLEMENTATIONS = (None, "mosaic", "triton")  # its default pick first
@@ -272,6 +300,17 @@ def _us(value) -> str:
     return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
 
 
+def _peer_us(found: dict | None, mode: str) -> str:
+    """A peer's cell: its time in ``mode``; "not timed" where it was not asked (tokamax
+    times the bare product only), "-" where it failed (the notes say why)."""
+    if found is None:
+        return "not timed"
+    field = "us" if mode == "bare" else f"{mode}_us"
+    if field not in found and "error" not in found and f"{mode}_error" not in found:
+        return "not timed"
+    return _us(found.get(field))
+
+
 def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
     lines = [header, ""]
     for mode in MODES:
@@ -285,14 +324,13 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mode_rows:
             case = next(c for c in CASES if c.name == r["case"])
-            peer = {p: peer_found[p].get((r["case"], r["split"]), {}) if mode == "bare" else {}
-                    for p in peer_found}
+            peer = {p: peer_found[p].get((r["case"], r["split"]), {}) for p in peer_found}
             tuned, xla, dense_us = r.get("tuned_us"), r.get("xla_us"), r.get("dense_us")
             ok = tuned and xla and dense_us
             lines.append(
                 f"| {r['case']} | {r['experts']} | {r['m']}x{r['k']}x{r['n']} | {r['split']} | {_us(xla)} "
-                f"| {_us(tuned)} | {_us(dense_us)} | {_us(peer.get('torch', {}).get('us'))} "
-                f"| {_us(peer.get('tokamax', {}).get('us'))} | {f'{xla / tuned:.2f}' if ok else '-'} "
+                f"| {_us(tuned)} | {_us(dense_us)} | {_peer_us(peer.get('torch'), mode)} "
+                f"| {_peer_us(peer.get('tokamax'), mode)} | {f'{xla / tuned:.2f}' if ok else '-'} "
                 f"| {f'{case.flops(mode) / tuned / 1e6:.0f}' if ok else '-'} "
                 f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {case.memory_floor_us(mode):.1f} "
                 f"| {f'{case.memory_floor_us(mode) / tuned:.2f}' if tuned else '-'} | {r.get('tuned_first_call_s', '-')} "
@@ -301,7 +339,9 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
         lines += ["", f"Geomean XLA / tuned: {geomean([r['xla_us'] / r['tuned_us'] for r in done]):.2f}; "
                       f"tuned / dense speed: {geomean([r['dense_us'] / r['tuned_us'] for r in done]):.2f}.", ""]
     for peer, found in peer_found.items():
-        errors = sorted({row["error"] for row in found.values() if "error" in row})
+        errors = sorted({row["error"] for row in found.values() if "error" in row}
+                        | {f"{k.removesuffix('_error')}: {v}" for row in found.values()
+                           for k, v in row.items() if k.endswith("_error")})
         if errors or not found:
             lines.append(f"- {peer}: " + ("; ".join(errors) if errors else "no result (the child failed)"))
         picked = sorted({row["implementation"] for row in found.values() if "implementation" in row})
