@@ -13,8 +13,6 @@
 #   model    the model steps (MODELS: gpt2, llama, vit, decode; PARAM_DTYPE float32 or bfloat16;
 #            VARIANTS, default plain,layers,autotune)
 #   profile  a training step's device time by kernel class (PROFILE_MODELS, PROFILE_VARIANTS)
-#   graphs   a model step with our cuBLASLt targets outside and inside XLA's CUDA graphs
-#            (benchmarks/command_buffer_probe.py; GRAPH_MODELS, default decode)
 #     bash benchmarks/h200_run.sh OUTDIR tests
 # The package is built and installed once per run. Wheels put in .whl/ (packages the machine
 # lacks, e.g. platformdirs) are installed first, offline.
@@ -103,12 +101,6 @@ for part in ${parts//,/ }; do
           --models "${PROFILE_MODELS:-gpt2}" --variants "${PROFILE_VARIANTS:-plain,layers,autotune}" \
           > "$out/step_profile.log" 2>&1
         echo "exit $?" >> "$out/step_profile.log" )
-      ;;
-    graphs)
-      ( cd "$repo/benchmarks" && timeout "${GRAPHS_TIMEOUT:-420}" python3 command_buffer_probe.py \
-          --out "$out/command_buffer_probe.json" --models "${GRAPH_MODELS:-decode}" \
-          --variants "${GRAPH_VARIANTS:-layers,autotune}" > "$out/command_buffer_probe.log" 2>&1
-        echo "exit $?" >> "$out/command_buffer_probe.log" )
       ;;
   esac
 done
