@@ -275,11 +275,11 @@ class KeyBenchmark:
         ``baseline`` (the order swapped every pair), up to ``rules.paired_samples`` pairs: a
         busy host drifts between one candidate's samples and the next's, and a pair sees
         one state. Each side runs once untimed before its sample: the first run after the
-        other candidate's meets its threads still winding down. Only a candidate within ``rules.prune_ratio`` of the baseline's score
-        takes part. The median of the pairs' ratios (baseline over candidate) is kept on
-        its result as ``paired_ratio``, and decides ``winner``. Sampling stops after
-        ``rules.min_samples`` pairs that all fall on one side of the margin. A failed
-        sample leaves the results as they were."""
+        other candidate's meets its threads still winding down. Only a candidate within
+        ``rules.prune_ratio`` of the baseline's score takes part. The median of the pairs'
+        ratios (baseline over candidate) is kept on its result as ``paired_ratio``, and
+        decides ``winner``. Sampling stops after ``rules.min_samples`` pairs that all fall
+        on one side of the margin. A failed sample leaves the results as they were."""
         base = self.results.get(baseline)
         others = [r for r in self.results.values() if r.eligible and r.name != baseline]
         if (self.timer.measures_device_time or not self.rules.paired_samples or not others
