@@ -264,11 +264,15 @@ class KeyBenchmark:
         base = self.results.get(baseline) if baseline else None
         if base is None or not base.eligible:
             return best.name
-        bar = 1 + self.rules.baseline_margin
         paired = next((r for r in eligible if r.paired_ratio is not None), None)
         if paired is not None:
-            return paired.name if paired.paired_ratio > bar else base.name
-        return best.name if best.score * bar <= base.score else base.name
+            return paired.name if paired.paired_ratio > self._bar else base.name
+        return best.name if best.score * self._bar <= base.score else base.name
+
+    @property
+    def _bar(self) -> float:
+        """How many times a candidate's time XLA's dot must take for it to win: 1 + margin."""
+        return 1 + self.rules.baseline_margin
 
     def compare_in_turns(self, baseline: str) -> None:
         """With a host clock, the fastest other candidate timed again in turns with
@@ -289,7 +293,6 @@ class KeyBenchmark:
         if self.results[name].score > self.rules.prune_ratio * base.score:
             return
         measurements = {name: self.compiles.measured(name), baseline: self.compiles.measured(baseline)}
-        bar = 1 + self.rules.baseline_margin
         ratios: list[float] = []
         try:
             for pair in range(self.rules.paired_samples):
@@ -298,7 +301,7 @@ class KeyBenchmark:
                 if not all(s is not None and math.isfinite(s) and s > 0 for s in seconds.values()):
                     return
                 ratios.append(seconds[baseline] / seconds[name])
-                if len(ratios) >= self.rules.min_samples and len({r > bar for r in ratios}) == 1:
+                if len(ratios) >= self.rules.min_samples and len({r > self._bar for r in ratios}) == 1:
                     break
         except Exception:  # noqa: BLE001 - the results of the rounds stand
             return
@@ -378,13 +381,13 @@ class KeyBenchmark:
                                              compile_wait_seconds=self.compiles.waits.get(name), **fields)
 
 
-# ---------------------------------------------------------------- one key, end to end
-
 def _after_one_untimed(measurement) -> float | None:
     """A sample of ``measurement`` taken after one it discards."""
     measurement.sample()
     return measurement.sample()
 
+
+# ---------------------------------------------------------------- one key, end to end
 
 class PhaseClock:
     """Wall seconds per named phase of a tuning: ``with phases("reference"): ...``."""
