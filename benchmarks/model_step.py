@@ -37,7 +37,8 @@ after init (bf16 master weights, optimizer state too). ``--size tiny`` shrinks e
   ``autotune_jax_attention``: that model through ``jat.autotune``, which fuses it where
   it wins (Llama's grouped queries too, given unrepeated).
 For each: ``jat.warmup(loss, params, batch, grad=True)`` seconds (decode: ``jat.warmup(
-decode, params, cache, tokens, pos)``), the first step after warmup (compile only: the
+decode, params, cache, tokens, pos, donate_argnums=1)``, the cache donated as the step
+donates it), the first step after warmup (compile only: the
 tuner must tune nothing), the median of the next steps, the first losses (decode: the mean
 logsumexp of the new token's logits; equal across variants within bf16 noise). Each
 variant runs in its own process with a fresh tune store, so nothing is shared between them.
@@ -140,13 +141,12 @@ def timed_priming() -> list[dict]:
 
 def timed_warmup(case) -> dict:
     """``jat.warmup`` of the case's function: seconds, keys, winners, tunings, primes."""
-    import jax_autotune as jat
     from jax_autotune.tuning.tuner import record_decisions
 
     primes = timed_priming()
     start = time.perf_counter()
     with record_decisions() as decided:
-        report = jat.warmup(case.fn, *case.args, grad=case.grad)
+        report = case.warmup()
     row = {"warmup_s": time.perf_counter() - start, "xla_primes": [p for p in primes if p["primed"]],
            "keys": len(report), "winners": sorted({e.winner for e in report}),
            "program_check": str(report.program) if report.program else "",

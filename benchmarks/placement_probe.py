@@ -49,7 +49,6 @@ def subsets(keys: list, entries: dict, gains: dict) -> list[tuple[str, frozenset
 
 def probe(model: str, size: str, param_dtype: str) -> dict:
     """One model: warmup with its check, then every subset of ``subsets`` timed beside plain."""
-    import jax_autotune as jat
     from jax_autotune import program_check
     from step_models import make_case
 
@@ -59,15 +58,16 @@ def probe(model: str, size: str, param_dtype: str) -> dict:
     seen = {}
     original = program_check.check
 
-    def check(target, args, program_ids, uses, gains, tuner, measure=None, xla_won=frozenset()):
+    def check(target, args, program_ids, uses, gains, tuner, measure=None, xla_won=frozenset(), donate=()):
         keys = program_check.claimed_order(uses, gains)
-        clock = program_check._WallClock(target, args, program_ids, tuner, frozenset(keys))
+        clock = program_check.WallClock(target, args, program_ids, tuner, frozenset(keys), donate)
         seen.update(clock=clock, keys=keys, uses=uses, gains=gains, program_ids=program_ids, tuner=tuner)
-        return original(target, args, program_ids, uses, gains, tuner, measure=clock, xla_won=xla_won)
+        return original(target, args, program_ids, uses, gains, tuner, measure=clock, xla_won=xla_won,
+                        donate=donate)
 
     program_check.check = check
     start = time.perf_counter()
-    report = jat.warmup(case.fn, *case.args, grad=case.grad)
+    report = case.warmup()
     row = {"model": model, "param_dtype": param_dtype, "warmup_s": time.perf_counter() - start,
            "program_check": str(report.program)}
     if "clock" not in seen:

@@ -1,7 +1,7 @@
 """The models that ``benchmarks/model_step.py`` times, each as a ``Case`` ready to run.
 
     >>> case = make_case("vit", "autotune", model_step.MODELS["vit"], "bfloat16")
-    >>> jat.warmup(case.fn, *case.args, grad=case.grad)
+    >>> case.warmup()                     # jat.warmup(case.fn, *case.args, grad=..., donate_argnums=...)
     >>> state, value = case.step(case.state, case.inputs)
 
 Training steps (softmax cross-entropy, AdamW) of ``gpt2``, ``llama``, ``vit`` and ``moe`` (the
@@ -29,9 +29,10 @@ BF16 = jnp.bfloat16
 
 @dataclasses.dataclass
 class Case:
-    """One variant of one model: ``jat.warmup(fn, *args, grad=grad)``, then
-    ``state, value = step(state, inputs)`` again and again; ``value`` is the loss, or for
-    ``decode`` the mean logsumexp of the new tokens' logits (finite iff the logits are).
+    """One variant of one model: ``jat.warmup(fn, *args, grad=grad, donate_argnums=donate)``
+    (``case.warmup()``), then ``state, value = step(state, inputs)`` again and again;
+    ``value`` is the loss, or for ``decode`` the mean logsumexp of the new tokens' logits
+    (finite iff the logits are). ``donate``: the positions of ``args`` the step donates.
 
         >>> state, loss = case.step(case.state, case.inputs)
     """
@@ -42,6 +43,11 @@ class Case:
     step: Callable
     state: Any
     inputs: Any
+    donate: tuple = ()
+
+    def warmup(self, **options):
+        """``jat.warmup`` of ``fn`` as ``step`` runs it; ``options``: warmup's others."""
+        return jat.warmup(self.fn, *self.args, grad=self.grad, donate_argnums=self.donate, **options)
 
 
 def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32") -> Case:
@@ -123,7 +129,7 @@ def decode_case(variant: str, sizes: dict, param_dtype: str) -> Case:
         chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
         return (cache, chosen, pos + 1), jax.nn.logsumexp(logits, axis=-1).mean()
 
-    return Case(decode, (params, cache, tokens, pos), False, step, (cache, tokens, pos), params)
+    return Case(decode, (params, cache, tokens, pos), False, step, (cache, tokens, pos), params, donate=(1,))
 
 
 def example_batch(model: str, sizes: dict) -> tuple:

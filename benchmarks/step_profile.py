@@ -40,13 +40,12 @@ def profile(model: str, variant: str, size: str, param_dtype: str) -> dict:
     import jax
     from jax.experimental.mosaic.gpu import profiler
 
-    import jax_autotune as jat
     from model_step import sizes_of
     from step_models import make_case
 
     case = make_case(model, variant, sizes_of(model, size), param_dtype)
     if variant != "plain":
-        jat.warmup(case.fn, *case.args, grad=case.grad, compare=False)
+        case.warmup(compare=False)
     state = case.state
     for _ in range(3):
         state, value = case.step(state, case.inputs)

@@ -110,14 +110,15 @@ Measure = Callable[..., list]  # sets of keys left plain -> [(seconds, plain's s
 
 def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: dict[MatmulKey, int],
           gains: dict[MatmulKey, float], tuner, measure: Measure | None = None,
-          xla_won: frozenset = frozenset()) -> ProgramCheck:
+          xla_won: frozenset = frozenset(), donate: tuple[int, ...] = ()) -> ProgramCheck:
     """Compare ``target(*args)`` tuned and plain; leave the keys that cost it plain in the
     programs ``program_ids`` (see the module docstring). ``uses``: how many dots of each
     key the program has; ``gains``: seconds each key's tuning claims per use; ``xla_won``:
     the keys whose winner is XLA's dot. When that is every key, the tuned program could
     only add layout ops to plain's: every key is left plain without compiling anything.
     ``measure(*sets)`` compiles the program with each set of keys left plain and times
-    each beside the plain program (default: the wall clock, ``WallClock``)."""
+    each beside the plain program (default: the wall clock, ``WallClock``, with the
+    arguments at positions ``donate`` donated)."""
     started = time.perf_counter()
     keys = claimed_order(uses, gains)
     if keys and set(keys) <= xla_won:
@@ -125,7 +126,7 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
         for program in program_ids:
             programs.remember(tuner, program, record)
         return ProgramCheck(0.0, 0.0, 0.0, len(keys), tuple(keys), 0, time.perf_counter() - started, "xla")
-    timed = measure or WallClock(target, args, program_ids, tuner, frozenset(keys))
+    timed = measure or WallClock(target, args, program_ids, tuner, frozenset(keys), donate)
     minor = _minor(keys, uses, gains)
     try:
         (tuned, plain), = timed(frozenset())
@@ -220,7 +221,10 @@ class WallClock:
     unless ``start_plain`` compiled the plain program earlier, on a thread: ``warmup``
     starts it as the keys start tuning, since it needs no decision (on a GPU, whose
     timings the host's load does not skew). Pass the clock to ``check`` as ``measure``,
-    or ``close()`` it.
+    or ``close()`` it. Every program donates the arguments at positions ``donate``, as
+    the user's jitted step does (a decode step's cache, updated in place, not written
+    anew): each run gets fresh copies of them, made before its timing, so no array of
+    the caller's is ever donated.
 
         >>> clock = WallClock(step, args, program_ids, tuner, frozenset(keys))
         >>> clock.start_plain()                       # then tune the keys meanwhile
@@ -228,8 +232,8 @@ class WallClock:
     """
 
     def __init__(self, target: Callable, args: Sequence[Any], program_ids: set[str], tuner,
-                 every_key: frozenset):
-        self.target, self.args = target, tuple(_concrete(args))
+                 every_key: frozenset, donate: tuple[int, ...] = ()):
+        self.target, self.args, self.donate = target, tuple(_concrete(args)), tuple(donate)
         self.program_ids, self.tuner, self.every_key = program_ids, tuner, every_key
         self.compiles = 0
         self._plain = None
@@ -265,7 +269,7 @@ class WallClock:
         with self._lowering:
             _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
             try:
-                return jax.jit(lambda *a: self.target(*a)).lower(*self.args)
+                return jax.jit(lambda *a: self.target(*a), donate_argnums=self.donate).lower(*self.args)
             finally:  # between lowerings, the program as tuned (never a trial's set)
                 _leave(self.program_ids, self.tuner, frozenset(), persist=False)
 
@@ -294,20 +298,31 @@ class WallClock:
                 self._plain, compiled = compiled[0], compiled[1:]
         executables = [*compiled, self._plain]
         for program in executables:  # untimed: caches, allocations
-            jax.block_until_ready(program(*self.args))
-        start = time.perf_counter()
-        for program in executables:  # untimed too: how long a round takes
-            jax.block_until_ready(program(*self.args))
-        rounds = min(MAX_ROUNDS, max(ROUNDS, math.ceil(TIMED_SECONDS / (time.perf_counter() - start))))
+            self._run(program)
+        rounds = min(MAX_ROUNDS, max(ROUNDS, math.ceil(  # untimed too: how long a round takes
+            TIMED_SECONDS / sum(self._run(program) for program in executables))))
         runs: list[list[float]] = [[] for _ in executables]
         for _ in range(rounds):
             for which, program in enumerate(executables):
-                start = time.perf_counter()
-                jax.block_until_ready(program(*self.args))
-                runs[which].append(time.perf_counter() - start)
+                runs[which].append(self._run(program))
         plain = statistics.median(runs[-1])
         for left, seconds in zip(lefts, runs):
             self._timed[left] = statistics.median(seconds), plain
+
+
+    def _run(self, program) -> float:
+        """Wall seconds of one run of ``program``, waited for; the donated arguments copied
+        first, outside the timing."""
+        args = list(self.args)
+        for position in self.donate:
+            args[position] = jax.block_until_ready(jax.tree_util.tree_map(_copy, args[position]))
+        start = time.perf_counter()
+        jax.block_until_ready(program(*args))
+        return time.perf_counter() - start
+
+
+def _copy(leaf):
+    return jax.numpy.array(leaf, copy=True) if isinstance(leaf, jax.Array) else leaf
 
 
 def _concrete(args):

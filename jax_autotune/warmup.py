@@ -46,7 +46,7 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +193,7 @@ def _first_output(fn: Callable) -> Callable:
 def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
            transpose_a: bool = False, transpose_b: bool = False, grad: bool = False,
            platform: str | None = None, progress: bool | None = None,
-           compare: bool = True) -> WarmupReport:
+           compare: bool = True, donate_argnums: int | Sequence[int] = ()) -> WarmupReport:
     """Tune every key of ``shapes`` or of ``fn(*example_args)``; returns a ``WarmupReport``.
 
         >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
@@ -208,10 +208,14 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``compare``: for a ``jat.autotune`` function, time the whole program (``fn``, or with
     ``grad=True`` its value and gradient) tuned against plain, and leave the dots of the keys
     that make it slower to lax in that program (``program_check``; ``report.program``).
+    ``donate_argnums``: the positions of ``example_args`` your jitted step donates (as
+    ``jax.jit``'s): the check times the program donating them, as the step runs it (a
+    decode step's KV cache updated in place); it donates copies, never your arrays.
     The settings (mode, level, budget, ...) are read once, here (a bad one: ``ConfigError``).
     """
     policy = config.policy()
     seconds: dict[str, float] = {}
+    donate = _positions(donate_argnums, len(example_args))
     if callable(shapes_or_fn):
         fns = [shapes_or_fn]
         if grad:  # a training step's keys: its forward under autodiff is not fn's alone
@@ -241,14 +245,30 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     clock = None
     if uses and tuner.timer.measures_device_time and program_check.stored(program_ids, tuner, len(uses)) is None:
         # the plain program needs no decision: it compiles while the keys tune
-        clock = program_check.WallClock(fns[0], example_args, program_ids, tuner, frozenset(uses))
+        clock = program_check.WallClock(fns[0], example_args, program_ids, tuner, frozenset(uses), donate)
     entries = _tuned(work, tuner, progress, policy, seconds, then=clock.start_plain if clock else None)
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     program = None
     if checks:
         with _phase(seconds, "check"):
-            program = _compared(fns[0], example_args, uses, entries, attentions, program_ids, tuner, clock)
+            program = _compared(fns[0], example_args, uses, entries, attentions, program_ids, tuner, clock,
+                                donate)
     return WarmupReport(tuple(entries), program, attention, seconds)
+
+
+def _positions(donate_argnums, count: int) -> tuple[int, ...]:
+    """``donate_argnums`` (an int or ints, as ``jax.jit``'s) as positions in ``range(count)``."""
+    given = (donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums
+    try:
+        given = tuple(given)
+    except TypeError:
+        given = None
+    if given is None or not all(isinstance(p, int) and not isinstance(p, bool) for p in given):
+        raise TypeError(f"warmup: donate_argnums must be an int or a sequence of ints, got {donate_argnums!r}")
+    if any(not -count <= p < count for p in given):
+        raise ValueError(f"warmup: donate_argnums {donate_argnums!r} names a position outside the "
+                         f"{count} example arguments")
+    return tuple(sorted({p % count for p in given}))
 
 
 @contextlib.contextmanager
@@ -315,7 +335,7 @@ def _uses(jaxprs, attentions) -> dict:
 
 
 def _compared(target, args, uses, entries, attentions, program_ids, tuner,
-              clock) -> ProgramCheck | None:
+              clock, donate: tuple[int, ...] = ()) -> ProgramCheck | None:
     """The program tuned against plain (``program_check``), its keys ``uses``; an earlier
     check's result when nothing was tuned now. ``clock``: the check's measure, its plain
     program compiling since the keys started tuning (``WallClock.start_plain``), or None."""
@@ -329,7 +349,8 @@ def _compared(target, args, uses, entries, attentions, program_ids, tuner,
                  if e.xla_seconds is not None and e.winner_seconds is not None}
         gains.update({d.key: d.gain_seconds for d in fused})
         xla_won = frozenset(e.key for e in entries if e.winner in (XLA_DOT_NAME, XLA_RAGGED_NAME))
-        return program_check.check(target, args, program_ids, uses, gains, tuner, measure=clock, xla_won=xla_won)
+        return program_check.check(target, args, program_ids, uses, gains, tuner, measure=clock,
+                                   xla_won=xla_won, donate=donate)
     finally:
         if clock is not None:  # a check that compiled nothing: its plain compile ends here
             clock.close()

@@ -362,3 +362,45 @@ def test_a_grouped_key_left_plain_is_laxs_ragged_dot_in_the_program(fresh_tuning
         assert sum(e.primitive.name == "ragged_dot_general" for e in eqns) == 1
         for got, want in zip(jax.jit(again)(x, w, b), moe(x, w, b)):
             np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def cached_step(cache, x, w):
+    """A decode-like step: the cache updated at one row, and a matmul."""
+    y = jnp.tanh(x @ w)
+    return cache.at[0].set(y[0]), y
+
+
+def test_the_wall_clock_times_a_donating_program_on_fresh_copies_never_the_callers_arrays(fresh_tuning):
+    step = jat.autotune(cached_step)
+    cache, w = rand(4, 24, 48), rand(5, 40, 48)
+    with programs_traced() as seen:
+        keys = keys_of(step, cache, X, w)
+    clock = program_check.WallClock(step, (cache, X, w), seen, tuner_for("cpu"), frozenset(keys), donate=(0,))
+    assert "tf.aliasing_output" in clock._lowered(frozenset()).as_text()  # the cache is donated
+    # every run donates a copy: the same array twice would be a deleted buffer the second time
+    (tuned, plain), = clock(frozenset())
+    assert tuned > 0 and plain > 0 and not cache.is_deleted()
+    undonated = program_check.WallClock(step, (cache, X, w), seen, tuner_for("cpu"), frozenset(keys))
+    assert "tf.aliasing_output" not in undonated._lowered(frozenset()).as_text()
+
+
+def test_warmup_checks_the_program_with_the_arguments_the_step_donates(fresh_tuning, monkeypatch):
+    donated, check = [], program_check.check
+
+    def recording(*args, **kwargs):
+        donated.append(kwargs["donate"])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(program_check, "check", recording)
+    cache, w = rand(4, 24, 48), rand(5, 40, 48)
+    report = jat.warmup(jat.autotune(cached_step), cache, X, w, donate_argnums=-3)
+    assert donated == [(0,)] and report.program is not None and not cache.is_deleted()
+
+
+@pytest.mark.parametrize("donate, error, words", [
+    ("cache", TypeError, "an int or a sequence of ints"), ((0, 1.5), TypeError, "an int or a sequence"),
+    (3, ValueError, "outside the 3 example arguments"), ((-4,), ValueError, "outside")])
+def test_a_bad_donate_argnums_is_an_error_naming_it(fresh_tuning, donate, error, words):
+    with pytest.raises(error, match="donate_argnums") as raised:
+        jat.warmup(jat.autotune(cached_step), rand(4, 24, 48), X, rand(5, 40, 48), donate_argnums=donate)
+    assert words in str(raised.value)
