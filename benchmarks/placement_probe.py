@@ -5,7 +5,7 @@
 For each model (``benchmarks/step_models.py``, variant ``autotune``): ``jat.warmup(loss, ...,
 grad=True)`` as a user runs it, its whole-program check included; then, with the same
 compiled plain program and the check's own interleaved wall-clock timing
-(``program_check._WallClock``), the step with each of these sets of keys left plain:
+(``program_check.WallClock``), the step with each of these sets of keys left plain:
 the lowest-claimed-gain prefixes of the check's order (a quarter, half, three quarters of
 the keys), the batched keys (attention's einsums), the keys with an epilogue, the keys whose
 winner is padded, the keys whose winner is XLA's dot. Each row is one compile and

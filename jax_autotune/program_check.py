@@ -13,6 +13,8 @@ plain in that program (a program whose keys gain nothing measurable runs as writ
 * the keys are ordered by what their tunings claim to gain in the program
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
+* the keys whose winner is XLA's dot run as written from the first trial on: bound, such
+  a key is XLA's dot on the canonical layout, which can only add copies to the program;
 * the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
   one compiles earlier, while the keys tune: ``WallClock.start_plain``); where tuned is
   faster, that is all (an extra trial with the minor keys plain beside them gained
@@ -73,7 +75,9 @@ class ProgramCheck:
     ``left_plain``; ``compiles`` made and ``seconds`` spent; ``source`` "checked",
     "stored" (an earlier check's result, nothing compiled) or "xla" (every key's winner is
     XLA's dot: every key left plain, nothing compiled or timed, the times 0);
-    ``plain_compile_seconds`` where the plain program compiled early, beside the tunings."""
+    ``plain_compile_seconds`` where the plain program compiled early, beside the tunings;
+    ``written``: how many of ``left_plain`` ran as written from the first trial on, their
+    winner being XLA's dot (``tuned_seconds`` is the program with them so)."""
 
     plain_seconds: float
     tuned_seconds: float
@@ -87,6 +91,7 @@ class ProgramCheck:
     # its wall seconds, and of those the seconds it waited for the device
     plain_compile_seconds: float | None = None
     plain_compile_wait_seconds: float | None = None
+    written: int = 0  # of ``left_plain``, the keys whose winner is XLA's dot: as written in every trial
 
     def __str__(self) -> str:
         def ms(seconds):
@@ -98,7 +103,9 @@ class ProgramCheck:
 
         text = (f"program: plain {ms(self.plain_seconds)}, tuned {ms(self.tuned_seconds)} "
                 f"({self.plain_seconds / self.tuned_seconds:.2f}x)")
-        if self.left_plain:
+        if self.written:
+            text += f", its {self.written} keys XLA's dot won as written"
+        if len(self.left_plain) > self.written:
             text += (f"; {len(self.left_plain)} of {self.keys} keys left plain: {ms(self.final_seconds)} "
                      f"({self.plain_seconds / self.final_seconds:.2f}x)")
         how = f"{self.compiles} compiles, {self.seconds:.1f} s" if self.source == "checked" else "stored"
@@ -121,7 +128,9 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     arguments at positions ``donate`` donated)."""
     started = time.perf_counter()
     keys = claimed_order(uses, gains)
-    if keys and set(keys) <= xla_won:
+    written = [k for k in keys if k in xla_won]  # as written from the start (the order's first)
+    keys = written + [k for k in keys if k not in xla_won]
+    if keys and len(written) == len(keys):
         record = programs.ProgramRecord(0.0, 0.0, 0.0, tuple(k.canonical() for k in keys))
         for program in program_ids:
             programs.remember(tuner, program, record)
@@ -129,21 +138,22 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     timed = measure or WallClock(target, args, program_ids, tuner, frozenset(keys), donate)
     minor = _minor(keys, uses, gains)
     try:
-        (tuned, plain), = timed(frozenset())
-        left, final = (), tuned
+        (tuned, plain), = timed(frozenset(written))
+        left, final = tuple(written), tuned
         if not _faster(tuned, plain):
-            if minor:
+            faster = False
+            if len(minor) > len(written):  # minor keys beyond the written ones (all of them, if any)
                 (with_minor, plain_now), = timed(frozenset(minor))
                 if _faster(with_minor, plain_now):
-                    left, final = tuple(minor), with_minor
-            if not left:  # no minor keys, or with them plain still not faster than plain
-                left, final = _shortest_prefix(keys, timed, plain, low=len(minor) + 1)
+                    left, final, faster = tuple(minor), with_minor, True
+            if not faster:  # no minor keys, or with them plain still not faster than plain
+                left, final = _shortest_prefix(keys, timed, plain, low=max(len(minor), len(written)) + 1)
     finally:
         _leave(program_ids, tuner, frozenset(), persist=False)  # the trials' sets are gone
     early_seconds, early_wait = getattr(timed, "plain_compile", None) or (None, None)
     found = ProgramCheck(plain, tuned, final, len(keys), tuple(left), getattr(timed, "compiles", 0),
                          time.perf_counter() - started, plain_compile_seconds=early_seconds,
-                         plain_compile_wait_seconds=early_wait)
+                         plain_compile_wait_seconds=early_wait, written=len(written))
     record = programs.ProgramRecord(plain, tuned, final, tuple(k.canonical() for k in left))
     for program in program_ids:
         programs.remember(tuner, program, record)

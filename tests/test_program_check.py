@@ -404,3 +404,29 @@ def test_a_bad_donate_argnums_is_an_error_naming_it(fresh_tuning, donate, error,
     with pytest.raises(error, match="donate_argnums") as raised:
         jat.warmup(jat.autotune(cached_step), rand(4, 24, 48), X, rand(5, 40, 48), donate_argnums=donate)
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize("tuned, calls", [(0.985, 1), (1.10, 2)])
+def test_the_keys_xlas_dot_won_run_as_written_in_every_trial(fresh_tuning, tuned, calls):
+    """Bound, a key XLA's dot won is that dot on the canonical layout: it can only add
+    copies, so the first trial already has it as written, and so has every later one."""
+    tuner = tuner_for("cpu")
+    keys = four_keys()
+    gains = {keys[0]: 5e-6, keys[1]: 0.0, keys[2]: 10e-6, keys[3]: 30e-6}  # keys 1, 3: XLA's dot won
+    seen = []
+
+    def measure(*lefts):
+        seen.extend(lefts)
+        return [(tuned if len(left) < 3 else 0.95, 1.0) for left in lefts]
+
+    found = program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), gains, tuner, measure=measure,
+                                xla_won=frozenset({keys[1], keys[3]}))
+    assert seen[0] == frozenset({keys[1], keys[3]}) and len(seen) == calls
+    assert all({keys[1], keys[3]} <= left for left in seen)
+    assert found.written == 2 and set(found.left_plain) >= {keys[1], keys[3]}
+    assert programs.left_plain(tuner, "p") == frozenset(found.left_plain)
+    assert "its 2 keys XLA's dot won as written" in str(found)
+    if tuned < 1:  # faster than plain with them as written: nothing else left plain
+        assert set(found.left_plain) == {keys[1], keys[3]} and "keys left plain" not in str(found)
+    else:  # no minor key beyond them; the search above them: with the least-claiming other, key 0
+        assert set(found.left_plain) == {keys[0], keys[1], keys[3]} and "3 of 4 keys left plain" in str(found)
