@@ -482,3 +482,12 @@ def test_clear_deletes_the_attention_decisions_and_program_checks_with_the_decis
     assert programs.record(tuner, "program-1") is None
     assert [e.namespace for e in tuner.store.entries() if not e.namespace.startswith("throughput/")] == []
     assert len(tuner.store.entries(other)) == probes  # the probes stay
+
+
+@pytest.mark.parametrize("command", [["show"], ["clear", "--yes"]])
+def test_a_bad_setting_is_one_line_naming_it_not_a_traceback(command, monkeypatch, capsys):
+    monkeypatch.setenv("JAX_AUTOTUNE_STORE", "/tmp/somewhere/default.db")
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jax-autotune: error: JAX_AUTOTUNE_STORE: expected one of sqlite")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

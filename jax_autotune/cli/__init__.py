@@ -7,7 +7,7 @@
 
 ``parser`` holds every command's arguments and their shared checks and imports nothing
 heavy, so ``--help`` and ``--version`` answer without jax; a command's module (``keys``,
-``shapes``, ``table``) is imported when it runs. A bad argument is a usage error (exit
+``shapes``, ``table``) is imported when it runs. A bad argument or setting is an error (exit
 status 2, one line); warnings print as one line each; a reader that closes the pipe early
 (``show | head -1``) ends the output quietly.
 """
@@ -20,6 +20,7 @@ import sys
 import warnings
 
 from jax_autotune.cli.parser import build_parser
+from jax_autotune.errors import ConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             run = getattr(importlib.import_module(f"jax_autotune.cli.{module}"), function)
             code = int(run(args) or 0)
             sys.stdout.flush()
+        except ConfigError as err:  # a bad setting (JAX_AUTOTUNE_*): what is wrong, not a traceback
+            print(f"jax-autotune: error: {err}", file=sys.stderr)
+            return 2
         except BrokenPipeError:
             # the reader stopped reading: send what is left to /dev/null, so the interpreter's
             # final flush cannot fail again
