@@ -13,13 +13,11 @@ plain in that program (a program whose keys gain nothing measurable runs as writ
 * the keys are ordered by what their tunings claim to gain in the program
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
-* a key whose winner is XLA's dot and whose operand the canonical layout copies (the key's
-  ``lhs_copied``/``rhs_copied``: attention's einsums over (batch, seq, heads, dim)) runs as
-  written from the first trial on: bound, it is the same dot behind a transpose XLA's own
-  dot folds away. An XLA-won key with no copy stays bound: its canonical form is a free
-  reshape to a 2-D product, which can spare XLA's transposes (hand placement's ViT step,
-  its keys bare and mostly XLA's dot, runs 1.21x plain on an H100;
-  ``benchmarks/results/model_step_2026-12-07.md``);
+* the keys whose winner is XLA's dot run as written from the first trial on: bound, such
+  a key is XLA's dot on the canonical layout, a layout change no tuning measured (its
+  copies may cost the program, or save some: hand placement's gain on ViT is mostly
+  canonical XLA dots; ``benchmarks/results/model_step_2026-12-07.md``), so the check
+  starts from the program as written for them;
 * the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
   one compiles earlier, while the keys tune: ``WallClock.start_plain``); where tuned is
   faster, that is all (an extra trial with the minor keys plain beside them gained
@@ -82,8 +80,7 @@ class ProgramCheck:
     XLA's dot: every key left plain, nothing compiled or timed, the times 0);
     ``plain_compile_seconds`` where the plain program compiled early, beside the tunings;
     ``written``: how many of ``left_plain`` ran as written from the first trial on, their
-    winner being XLA's dot behind an operand copy (``tuned_seconds`` is the program with
-    them so)."""
+    winner being XLA's dot (``tuned_seconds`` is the program with them so)."""
 
     plain_seconds: float
     tuned_seconds: float
@@ -97,7 +94,7 @@ class ProgramCheck:
     # its wall seconds, and of those the seconds it waited for the device
     plain_compile_seconds: float | None = None
     plain_compile_wait_seconds: float | None = None
-    written: int = 0  # of ``left_plain``, XLA-won keys behind an operand copy: as written in every trial
+    written: int = 0  # of ``left_plain``, the keys whose winner is XLA's dot: as written in every trial
 
     def __str__(self) -> str:
         def ms(seconds):
@@ -110,7 +107,7 @@ class ProgramCheck:
         text = (f"program: plain {ms(self.plain_seconds)}, tuned {ms(self.tuned_seconds)} "
                 f"({self.plain_seconds / self.tuned_seconds:.2f}x)")
         if self.written:
-            text += f", its {self.written} copying keys XLA's dot won as written"
+            text += f", its {self.written} keys XLA's dot won as written"
         if len(self.left_plain) > self.written:
             text += (f"; {len(self.left_plain)} of {self.keys} keys left plain: {ms(self.final_seconds)} "
                      f"({self.plain_seconds / self.final_seconds:.2f}x)")
@@ -134,13 +131,13 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     arguments at positions ``donate`` donated)."""
     started = time.perf_counter()
     keys = claimed_order(uses, gains)
-    if keys and set(keys) <= xla_won:
+    written = [k for k in keys if k in xla_won]  # as written from the start (the order's first)
+    keys = written + [k for k in keys if k not in xla_won]
+    if keys and len(written) == len(keys):
         record = programs.ProgramRecord(0.0, 0.0, 0.0, tuple(k.canonical() for k in keys))
         for program in program_ids:
             programs.remember(tuner, program, record)
         return ProgramCheck(0.0, 0.0, 0.0, len(keys), tuple(keys), 0, time.perf_counter() - started, "xla")
-    written = [k for k in keys if k in xla_won and _copies_an_operand(k)]  # as written from the start
-    keys = written + [k for k in keys if k not in written]
     timed = measure or WallClock(target, args, program_ids, tuner, frozenset(keys), donate)
     minor = _minor(keys, uses, gains)
     try:
@@ -164,11 +161,6 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     for program in program_ids:
         programs.remember(tuner, program, record)
     return found
-
-
-def _copies_an_operand(key) -> bool:
-    """Whether the canonical layout of ``key`` copies an operand (an attention key: none)."""
-    return bool(getattr(key, "lhs_copied", False) or getattr(key, "rhs_copied", False))
 
 
 def claimed_order(uses: dict[MatmulKey, int], gains: dict[MatmulKey, float]) -> list[MatmulKey]:

@@ -6,7 +6,6 @@ store, and warmup reports what it compared.
 """
 
 import contextlib
-import dataclasses
 import re
 import threading
 import time
@@ -408,16 +407,12 @@ def test_a_bad_donate_argnums_is_an_error_naming_it(fresh_tuning, donate, error,
 
 
 @pytest.mark.parametrize("tuned, calls", [(0.985, 1), (1.10, 2)])
-def test_the_keys_xlas_dot_won_behind_an_operand_copy_run_as_written_in_every_trial(fresh_tuning, tuned, calls):
-    """Bound, a key XLA's dot won whose operand the canonical layout copies is that dot
-    behind a transpose XLA folds: the first trial already has it as written, and so has
-    every later one. An XLA-won key with no copy stays bound (a free reshape)."""
+def test_the_keys_xlas_dot_won_run_as_written_in_every_trial(fresh_tuning, tuned, calls):
+    """Bound, a key XLA's dot won is that dot on the canonical layout: it can only add
+    copies, so the first trial already has it as written, and so has every later one."""
     tuner = tuner_for("cpu")
     keys = four_keys()
-    keys[1] = dataclasses.replace(keys[1], lhs_copied=True)
-    keys[3] = dataclasses.replace(keys[3], rhs_copied=True)
-    gains = {keys[0]: 5e-6, keys[1]: 0.0, keys[2]: 0.0, keys[3]: 0.0}  # XLA's dot won 1, 2, 3
-    copying = {keys[1], keys[3]}
+    gains = {keys[0]: 5e-6, keys[1]: 0.0, keys[2]: 10e-6, keys[3]: 30e-6}  # keys 1, 3: XLA's dot won
     seen = []
 
     def measure(*lefts):
@@ -425,13 +420,13 @@ def test_the_keys_xlas_dot_won_behind_an_operand_copy_run_as_written_in_every_tr
         return [(tuned if len(left) < 3 else 0.95, 1.0) for left in lefts]
 
     found = program_check.check(None, (), {"p"}, dict.fromkeys(keys, 1), gains, tuner, measure=measure,
-                                xla_won=frozenset(keys[1:]))
-    assert seen[0] == copying and len(seen) == calls  # keys[2], XLA's dot with no copy, bound
-    assert all(copying <= left for left in seen)
-    assert found.written == 2 and set(found.left_plain) >= copying
+                                xla_won=frozenset({keys[1], keys[3]}))
+    assert seen[0] == frozenset({keys[1], keys[3]}) and len(seen) == calls
+    assert all({keys[1], keys[3]} <= left for left in seen)
+    assert found.written == 2 and set(found.left_plain) >= {keys[1], keys[3]}
     assert programs.left_plain(tuner, "p") == frozenset(found.left_plain)
-    assert "its 2 copying keys XLA's dot won as written" in str(found)
+    assert "its 2 keys XLA's dot won as written" in str(found)
     if tuned < 1:  # faster than plain with them as written: nothing else left plain
-        assert set(found.left_plain) == copying and "keys left plain" not in str(found)
-    else:  # then the minor keys: with them, the other XLA-won key, claiming nothing
-        assert set(found.left_plain) == copying | {keys[2]} and "3 of 4 keys left plain" in str(found)
+        assert set(found.left_plain) == {keys[1], keys[3]} and "keys left plain" not in str(found)
+    else:  # no minor key beyond them; the search above them: with the least-claiming other, key 0
+        assert set(found.left_plain) == {keys[0], keys[1], keys[3]} and "3 of 4 keys left plain" in str(found)
