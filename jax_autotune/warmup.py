@@ -230,8 +230,6 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         with _phase(seconds, "trace"), programs_traced() as program_ids, decisions_seen() as attentions:
             jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
         work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
-        if not work:
-            _warn_untuned(jaxprs)
     else:
         if example_args:
             raise TypeError("warmup(shapes, ...): extra positional arguments are only for warmup(fn, *args)")
@@ -239,6 +237,9 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         work = [(p, p.key(policy.level)) for p in _problems_of_shapes(shapes_or_fn, dtype, precision,
                                                           transpose_a, transpose_b)]
     tuner = tuner_for(platform or jax.default_backend())
+    # a jat.autotune fn whose every dot an earlier program check left plain traces none tuned
+    if callable(shapes_or_fn) and not work and program_check.stored(program_ids, tuner, 0) is None:
+        _warn_untuned(jaxprs)
     checks = (callable(shapes_or_fn) and compare and policy.tunes and bool(program_ids)
               and platform in (None, jax.default_backend()))
     uses = _uses(jaxprs, attentions) if checks else {}

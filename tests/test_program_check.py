@@ -9,6 +9,7 @@ import contextlib
 import re
 import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -233,10 +234,14 @@ def test_warmup_compares_the_training_step_and_a_second_warmup_reads_the_check(f
     else:
         assert check.source == "checked" and check.compiles >= 2
         assert check.plain_seconds > 0 and check.tuned_seconds > 0
-    again = jat.warmup(step, params, X, grad=True)
-    assert again.program.source == ("xla" if all_xla else "stored")
-    assert set(again.program.left_plain) == set(check.left_plain)
-    assert jat.warmup(step, params, X, grad=True, compare=False).program is None
+    with warnings.catch_warnings():  # every dot left plain by the check is no plain-jnp mistake
+        warnings.simplefilter("error", jat.NoTunedMatmulWarning)
+        again = jat.warmup(step, params, X, grad=True)
+        assert again.program.source == ("xla" if all_xla else "stored")
+        assert set(again.program.left_plain) == set(check.left_plain)
+        assert jat.warmup(step, params, X, grad=True, compare=False).program is None
+    with pytest.warns(jat.NoTunedMatmulWarning, match="plain jnp/lax ones"):  # loss itself: no autotune
+        jat.warmup(loss, params, X, grad=True)
     grads = jax.jit(jax.grad(step))(params, X)
     for got, want in zip(grads, jax.grad(loss)(params, X)):
         np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5)
