@@ -187,13 +187,15 @@ def _minor(keys: list[MatmulKey], uses, gains) -> list[MatmulKey]:
 
 
 def stored(program_ids: set[str], tuner, keys: int) -> ProgramCheck | None:
-    """The kept result of an earlier check of every one of ``program_ids``, or None."""
+    """The kept result of an earlier check of every one of ``program_ids``, or None.
+    ``keys``: how many keys the program traces tuned now, beside the ones the record leaves
+    plain (which a trace no longer binds)."""
     records = [programs.record(tuner, program) for program in program_ids]
     if not records or any(r is None for r in records):
         return None
     first = records[0]
     left = tuple(sorted(set().union(*(r.keys() for r in records)), key=lambda k: k.canonical()))
-    return ProgramCheck(first.plain_seconds, first.tuned_seconds, first.final_seconds, keys, left,
+    return ProgramCheck(first.plain_seconds, first.tuned_seconds, first.final_seconds, keys + len(left), left,
                         source="stored" if first.plain_seconds else "xla")
 
 
