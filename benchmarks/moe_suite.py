@@ -41,7 +41,17 @@ SPLITS = ("equal", "skewed")
 # products per call; backward: both gradients only, the loss being linear in the forward's
 # result, XLA drops the forward product (so did the dense matmul's 675 TFLOP/s on an H200)
 FLOP_FACTOR = {"bare": 1, "swiglu": 2, "backward": 2}
-HBM_BYTES_PER_S = 4.8e12  # an H200's HBM3e, as specified
+# the HBM's specified bandwidth by device kind (the first fragment the name holds)
+HBM_BYTES_PER_S = (("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
+
+
+def hbm_bytes_per_s(device_kind: str) -> float | None:
+    """The specified HBM bandwidth of ``device_kind``, or None for a device not listed.
+
+        >>> hbm_bytes_per_s("NVIDIA H100 80GB HBM3")
+        3350000000000.0
+    """
+    return next((rate for fragment, rate in HBM_BYTES_PER_S if fragment in device_kind), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +73,8 @@ class Case:
         elements = {"bare": x + w + y, "swiglu": x + 2 * w + y, "backward": 2 * x + y + 2 * w}[mode]
         return float(elements * itemsize)
 
-    def memory_floor_us(self, mode: str) -> float:
-        return self.floor_bytes(mode) / HBM_BYTES_PER_S * 1e6
+    def memory_floor_us(self, mode: str, bytes_per_s: float) -> float:
+        return self.floor_bytes(mode) / bytes_per_s * 1e6
 
 
 CASES = [
@@ -311,7 +321,8 @@ def _peer_us(found: dict | None, mode: str) -> str:
     return _us(found.get(field))
 
 
-def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
+def markdown(rows: list[dict], peer_found: dict, header: str, bytes_per_s: float | None) -> str:
+    """The report; the memory floor at ``bytes_per_s`` (None: "-", a device not listed)."""
     lines = [header, ""]
     for mode in MODES:
         mode_rows = [r for r in rows if r["mode"] == mode]
@@ -327,13 +338,14 @@ def markdown(rows: list[dict], peer_found: dict, header: str) -> str:
             peer = {p: peer_found[p].get((r["case"], r["split"]), {}) for p in peer_found}
             tuned, xla, dense_us = r.get("tuned_us"), r.get("xla_us"), r.get("dense_us")
             ok = tuned and xla and dense_us
+            floor = case.memory_floor_us(mode, bytes_per_s) if bytes_per_s else None
             lines.append(
                 f"| {r['case']} | {r['experts']} | {r['m']}x{r['k']}x{r['n']} | {r['split']} | {_us(xla)} "
                 f"| {_us(tuned)} | {_us(dense_us)} | {_peer_us(peer.get('torch'), mode)} "
                 f"| {_peer_us(peer.get('tokamax'), mode)} | {f'{xla / tuned:.2f}' if ok else '-'} "
                 f"| {f'{case.flops(mode) / tuned / 1e6:.0f}' if ok else '-'} "
-                f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {case.memory_floor_us(mode):.1f} "
-                f"| {f'{case.memory_floor_us(mode) / tuned:.2f}' if tuned else '-'} | {r.get('tuned_first_call_s', '-')} "
+                f"| {f'{dense_us / tuned:.2f}' if ok else '-'} | {_us(floor)} "
+                f"| {f'{floor / tuned:.2f}' if tuned and floor else '-'} | {r.get('tuned_first_call_s', '-')} "
                 f"| {r.get('tuned_max_rel_error', r.get('error', '-'))} | {r.get('timer', '-')} |")
         done = [r for r in mode_rows if r.get("tuned_us") and r.get("xla_us")]
         lines += ["", f"Geomean XLA / tuned: {geomean([r['xla_us'] / r['tuned_us'] for r in done]):.2f}; "
@@ -370,12 +382,17 @@ def main() -> None:
     peer_found = {p: peer_rows(p, cases, args.peer_timeout_s) for p in args.peers.split(",") if p}
     rows = [row for case in cases for row in jax_rows(case, modes, args.dtype)]
     import jax
-    header = (f"# Grouped matmuls on {jax.devices()[0].device_kind}, {datetime.date.today()} "
+    kind = jax.devices()[0].device_kind
+    bytes_per_s = hbm_bytes_per_s(kind)
+    floor = f"{bytes_per_s / 1e12:.2f} TB/s, as specified" if bytes_per_s else "this device's bandwidth is not listed"
+    header = (f"# Grouped matmuls on {kind}, {datetime.date.today()} "
               f"(jax {jax.__version__}, {args.dtype})\n\n`python benchmarks/moe_suite.py {' '.join(sys.argv[1:])}`; "
               "device time per call (CUPTI; a row timed `wall` holds a device-side branch or kernels that vary, "
-              "and reads the median wall time of 20 waited runs), tuned = `jax.jit(jat.autotune(fn))` of the unchanged function.")
+              "and reads the median wall time of 20 waited runs), tuned = `jax.jit(jat.autotune(fn))` of the unchanged function; "
+              f"the memory floor at the HBM's {floor}.")
     stem = f"moe_suite_{datetime.date.today()}"
-    print(write_results(args.out, stem, markdown(rows, peer_found, header), {"rows": rows, "peers": {
+    print(write_results(args.out, stem, markdown(rows, peer_found, header, bytes_per_s), {
+        "rows": rows, "hbm_bytes_per_s": bytes_per_s, "peers": {
         p: {"|".join(k): v for k, v in found.items()} for p, found in peer_found.items()}}))
 
 
