@@ -101,18 +101,22 @@ class ProgramCheck:
             return f"{seconds * 1e3:.3g} ms"
 
         if self.source == "xla":
-            return (f"program: every key's winner is XLA's dot: its {self.keys} keys left plain "
+            return (f"program: every key's winner is XLA's dot: its {_count(self.keys)} left plain "
                     f"(the program as written) [no compile]")
 
         text = (f"program: plain {ms(self.plain_seconds)}, tuned {ms(self.tuned_seconds)} "
                 f"({self.plain_seconds / self.tuned_seconds:.2f}x)")
         if self.written:
-            text += f", its {self.written} keys XLA's dot won as written"
+            text += f", its {_count(self.written)} XLA's dot won as written"
         if len(self.left_plain) > self.written:
             text += (f"; {len(self.left_plain)} of {self.keys} keys left plain: {ms(self.final_seconds)} "
                      f"({self.plain_seconds / self.final_seconds:.2f}x)")
         how = f"{self.compiles} compiles, {self.seconds:.1f} s" if self.source == "checked" else "stored"
         return f"{text} [{how}]"
+
+
+def _count(keys: int) -> str:
+    return f"{keys} key" if keys == 1 else f"{keys} keys"
 
 
 Measure = Callable[..., list]  # sets of keys left plain -> [(seconds, plain's seconds)], one per set

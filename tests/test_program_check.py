@@ -436,3 +436,11 @@ def test_the_keys_xlas_dot_won_run_as_written_in_every_trial(fresh_tuning, tuned
         assert set(found.left_plain) == {keys[1], keys[3]} and "keys left plain" not in str(found)
     else:  # no minor key beyond them; the search above them: with the least-claiming other, key 0
         assert set(found.left_plain) == {keys[0], keys[1], keys[3]} and "3 of 4 keys left plain" in str(found)
+
+
+def test_the_report_counts_one_key_as_one_key(fresh_tuning):
+    keys = four_keys()[:1]
+    one = program_check.ProgramCheck(0.0, 0.0, 0.0, 1, tuple(keys), source="xla")
+    assert "its 1 key left plain" in str(one)
+    written = program_check.ProgramCheck(1.0, 0.9, 0.9, 2, tuple(keys), written=1)
+    assert "its 1 key XLA's dot won as written" in str(written) and "keys left plain" not in str(written)
