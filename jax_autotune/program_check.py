@@ -14,10 +14,10 @@ plain in that program (a program whose keys gain nothing measurable runs as writ
   (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
   layout's copies; then by (XLA's time - the winner's) x the key's uses);
 * the keys whose winner is XLA's dot run as written from the first trial on: bound, such
-  a key is XLA's dot on the canonical layout, a layout change no tuning measured (its
-  copies may cost the program, or save some: hand placement's gain on ViT is mostly
-  canonical XLA dots; ``benchmarks/results/model_step_2026-12-07.md``), so the check
-  starts from the program as written for them;
+  a key is XLA's dot on the canonical layout, a layout change no tuning measured, which
+  may cost the program copies or save some, so the check starts from the program as
+  written for them (binding the copy-free ones instead ran ViT no faster on an H100:
+  ``benchmarks/results/model_step_2026-12-07.md``);
 * the tuned and the plain programs compile at once (under ``warmup`` on a GPU the plain
   one compiles earlier, while the keys tune: ``WallClock.start_plain``); where tuned is
   faster, that is all (an extra trial with the minor keys plain beside them gained
