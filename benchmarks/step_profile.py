@@ -4,8 +4,8 @@
 
 For each model and variant (``benchmarks/step_models.py``): warm up (the tuned variants,
 ``compare=False``: the program as its keys were decided, before warmup's whole-program
-check), run three steps, then one step under CUPTI (``jax.experimental.mosaic.gpu.profiler``,
-every kernel's device time). Kernels are put in classes by name: ``gemm`` (cuBLAS, cuBLASLt,
+check; ``--checked``: after it, the program the step runs), run three steps, then one step
+under CUPTI (``jax.experimental.mosaic.gpu.profiler``, every kernel's device time). Kernels are put in classes by name: ``gemm`` (cuBLAS, cuBLASLt,
 XLA's Triton GEMM fusions, our Pallas and Mosaic GEMMs), ``layout`` (transposes and copies),
 ``convert``, ``reduction`` and ``elementwise`` (every other fusion). The report gives each
 class's total and count per variant and the difference, and the largest kernels. GPU only.
@@ -35,7 +35,7 @@ def kernel_class(name: str) -> str:
     return next((label for label, parts in CLASSES if any(p in lowered for p in parts)), "elementwise")
 
 
-def profile(model: str, variant: str, size: str, param_dtype: str) -> dict:
+def profile(model: str, variant: str, size: str, param_dtype: str, checked: bool = False) -> dict:
     """{class: [ms, count]}, the top kernels and the step's summed device ms."""
     import jax
     from jax.experimental.mosaic.gpu import profiler
@@ -45,7 +45,7 @@ def profile(model: str, variant: str, size: str, param_dtype: str) -> dict:
 
     case = make_case(model, variant, sizes_of(model, size), param_dtype)
     if variant != "plain":
-        case.warmup(compare=False)
+        case.warmup(compare=checked)
     state = case.state
     for _ in range(3):
         state, value = case.step(state, case.inputs)
@@ -66,7 +66,8 @@ def profile(model: str, variant: str, size: str, param_dtype: str) -> dict:
 
 def report(rows: list[dict], command: str, device: str, jax_version: str) -> str:
     lines = [f"# Training-step device time by kernel class ({datetime.date.today()})", "",
-             f"`{command}` on {device}, jax {jax_version}; one step under CUPTI, ms (kernels).", ""]
+             f"`{command}` on {device}, jax {jax_version}; one step under CUPTI, ms (kernels); the tuned "
+             f"variants {'after' if '--checked' in command else 'before'} warmup's whole-program check.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["model"] == model}
         variants = list(mine)
@@ -96,10 +97,12 @@ def main() -> None:
     parser.add_argument("--variants", default="plain,autotune")
     parser.add_argument("--size", default="real", choices=("real", "tiny"))
     parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--checked", action="store_true",
+                        help="profile the tuned program after warmup's whole-program check (what the step runs)")
     args = parser.parse_args()
     import jax
 
-    rows = [profile(m, v, args.size, args.param_dtype)
+    rows = [profile(m, v, args.size, args.param_dtype, args.checked)
             for m in args.models.split(",") for v in args.variants.split(",")]
     stamp = datetime.date.today().isoformat()
     os.makedirs(args.out, exist_ok=True)
