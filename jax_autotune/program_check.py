@@ -11,8 +11,8 @@ than plain by at least ``MARGIN`` it finds the keys that cost it and leaves thei
 plain in that program (a program whose keys gain nothing measurable runs as written):
 
 * the keys are ordered by what their tunings claim to gain in the program
-  (``claimed_order``: XLA's dot winning first, as such a key only adds the canonical
-  layout's copies; then by (XLA's time - the winner's) x the key's uses);
+  (``claimed_order``: XLA's dot winning first, as such a key claims no gain; then by
+  (XLA's time - the winner's) x the key's uses);
 * the keys whose winner is XLA's dot run as written from the first trial on: bound, such
   a key is XLA's dot on the canonical layout, a layout change no tuning measured, which
   may cost the program copies or save some, so the check starts from the program as
@@ -128,8 +128,9 @@ def check(target: Callable, args: Sequence[Any], program_ids: set[str], uses: di
     """Compare ``target(*args)`` tuned and plain; leave the keys that cost it plain in the
     programs ``program_ids`` (see the module docstring). ``uses``: how many dots of each
     key the program has; ``gains``: seconds each key's tuning claims per use; ``xla_won``:
-    the keys whose winner is XLA's dot. When that is every key, the tuned program could
-    only add layout ops to plain's: every key is left plain without compiling anything.
+    the keys whose winner is XLA's dot. When that is every key, the tuned program differs
+    from plain's only by layout ops around the same dots: every key is left plain without
+    compiling anything.
     ``measure(*sets)`` compiles the program with each set of keys left plain and times
     each beside the plain program (default: the wall clock, ``WallClock``, with the
     arguments at positions ``donate`` donated)."""
@@ -327,7 +328,6 @@ class WallClock:
         plain = statistics.median(runs[-1])
         for left, seconds in zip(lefts, runs):
             self._timed[left] = statistics.median(seconds), plain
-
 
     def _run(self, program) -> float:
         """Wall seconds of one run of ``program``, waited for; the donated arguments copied
