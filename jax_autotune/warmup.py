@@ -199,6 +199,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         >>> jat.warmup([(1024, 1024, 1024)], dtype="bfloat16")
         >>> jat.warmup([jat.MatmulProblem(1, 64, 32, 48, "bfloat16", "bfloat16", "float32")])
         >>> jat.warmup(jat.autotune(loss_fn), params, batch, grad=True)
+        >>> jat.warmup(jat.autotune(decode), params, cache, tokens, pos, donate_argnums=1)
 
     ``grad=True``: the keys of the training step (value and gradient) only, not those of
     ``fn`` run alone. A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
