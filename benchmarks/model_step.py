@@ -170,8 +170,6 @@ def run_variant(args) -> dict:
         >>> run_variant(argparse.Namespace(model="vit", variant="autotune", size="tiny",
         ...             param_dtype="float32", decode_batch=None, steps=3))
     """
-    import jax
-
     import jax_autotune as jat
     from step_models import make_case
 
@@ -183,17 +181,12 @@ def run_variant(args) -> dict:
     if args.variant not in UNTUNED:
         row.update(timed_warmup(case))
     before = jat.stats()
-    start = time.perf_counter()
-    state, value = case.step(case.state, case.inputs)
-    jax.block_until_ready(value)
-    row["first_step_s"] = time.perf_counter() - start
+    state, value, row["first_step_s"] = timed_step(case, case.state)
     row["tuned_in_first_step"] = jat.stats()["tuned"] - before["tuned"]
     losses, times = [float(value)], []
     for _ in range(args.steps):
-        start = time.perf_counter()
-        state, value = case.step(state, case.inputs)
-        jax.block_until_ready(value)
-        times.append(time.perf_counter() - start)
+        state, value, seconds = timed_step(case, state)
+        times.append(seconds)
         losses.append(float(value))
     row.update(step_ms=statistics.median(times) * 1e3, losses=losses[:4])
     if getattr(args, "beside_plain", False) and args.variant not in UNTUNED:
@@ -201,22 +194,28 @@ def run_variant(args) -> dict:
     return row
 
 
-def beside_plain(args, case, state) -> dict:
-    """The tuned step and the plain one, built in this process, run in turns: their medians."""
+def timed_step(case, state):
+    """``case.step`` on ``state``, waited for: (state, value, wall seconds)."""
     import jax
 
+    start = time.perf_counter()
+    state, value = case.step(state, case.inputs)
+    jax.block_until_ready(value)
+    return state, value, time.perf_counter() - start
+
+
+def beside_plain(args, case, state) -> dict:
+    """The tuned step and the plain one, built in this process, run in turns: their medians."""
     from step_models import make_case
 
     plain = make_case(args.model, "plain", sizes_of(args.model, args.size, args.decode_batch), args.param_dtype)
-    plain_state = plain.step(plain.state, plain.inputs)[0]  # its compile
+    cases, states = {"tuned": case, "plain": plain}, {"tuned": state, "plain": plain.state}
+    states["plain"] = timed_step(plain, states["plain"])[0]  # its compile
     times: dict = {"tuned": [], "plain": []}
     for _ in range(args.steps):
-        for name, step, inputs in (("tuned", case.step, case.inputs), ("plain", plain.step, plain.inputs)):
-            start = time.perf_counter()
-            new_state, value = step(state if name == "tuned" else plain_state, inputs)
-            jax.block_until_ready(value)
-            times[name].append(time.perf_counter() - start)
-            state, plain_state = (new_state, plain_state) if name == "tuned" else (state, new_state)
+        for name in cases:
+            states[name], _, seconds = timed_step(cases[name], states[name])
+            times[name].append(seconds)
     return {"beside_ms": statistics.median(times["tuned"]) * 1e3,
             "beside_plain_ms": statistics.median(times["plain"]) * 1e3}
 
