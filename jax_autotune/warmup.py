@@ -84,6 +84,7 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
     _dce_jaxpr = None
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
+PLAIN_IN_PRIMING = True  # the program check's plain program in the keys' priming compile (GPUs)
 # a warmup's phases, in order (``WarmupReport.seconds``): tracing fn (deciding its attentions
 # too), readying the device (XLA's GEMM autotuning of the keys' dots in one compile on GPUs,
 # the probes), the keys' tunings, the program check
@@ -308,7 +309,7 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
         by_tuner.setdefault(_tuner_of(key, tuner), []).append((key, problem))
     with _phase(seconds, "prime"):
         for each, pairs in by_tuner.items():
-            each.prime(pairs, policy, beside if each is tuner else None)
+            each.prime(pairs, policy, beside if each is tuner and PLAIN_IN_PRIMING else None)
     if beside is not None:
         beside.start_plain()
     with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \
