@@ -135,10 +135,10 @@ def timed_priming() -> list[dict]:
     from jax_autotune.tuning import xla_priming
     primes, original = [], xla_priming.prime
 
-    def timed(pairs, device):
+    def timed(pairs, device, beside=None):
         start = time.perf_counter()
-        primed = original(pairs, device)
-        primes.append({"primed": primed, "seconds": time.perf_counter() - start})
+        primed = original(pairs, device, beside)
+        primes.append({"primed": primed, "seconds": time.perf_counter() - start, "program_beside": beside is not None})
         return primed
 
     xla_priming.prime = timed
