@@ -325,6 +325,22 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
     assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_xla_autotunes_the_plain_program_in_the_priming_compile_and_keeps_every_choice(
+        fresh_tuning, monkeypatch):
+    """The plain program's own compile then runs on XLA's kept choices alone: no miss, so it
+    never holds the device while the keys tune."""
+    def loss(params, x):
+        return jnp.mean(mlp(x, *params) ** 2)
+
+    kept, with_kept_choices = [], program_check.WallClock._with_kept_choices
+    monkeypatch.setattr(program_check.WallClock, "_with_kept_choices",
+                        staticmethod(lambda lowered: kept.append(with_kept_choices(lowered)) or kept[-1]))
+    report = jat.warmup(jat.autotune(loss), (W1, W2, B), X, grad=True)
+    assert len(kept) == 1 and kept[0] is not None  # autotuned beside the keys' dots; no choice missed
+    assert report.program.source in ("checked", "xla")
+
+
 def programs_seen(fn, params):
     with programs_traced() as seen:
         jax.make_jaxpr(jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x))))(params, X)
