@@ -135,10 +135,10 @@ def timed_priming() -> list[dict]:
     from jax_autotune.tuning import xla_priming
     primes, original = [], xla_priming.prime
 
-    def timed(pairs, device, beside=None):
+    def timed(pairs, device):
         start = time.perf_counter()
-        primed = original(pairs, device, beside)
-        primes.append({"primed": primed, "seconds": time.perf_counter() - start, "program_beside": beside is not None})
+        primed = original(pairs, device)
+        primes.append({"primed": primed, "seconds": time.perf_counter() - start})
         return primed
 
     xla_priming.prime = timed
@@ -178,9 +178,6 @@ def run_variant(args) -> dict:
     row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
     if getattr(args, "key_threads", None):
         importlib.import_module("jax_autotune.warmup").KEY_THREADS = row["key_threads"] = args.key_threads
-    if getattr(args, "plain_in_priming", None) is not None:
-        importlib.import_module("jax_autotune.warmup").PLAIN_IN_PRIMING = row["plain_in_priming"] = \
-            args.plain_in_priming
     if args.variant not in UNTUNED:
         row.update(timed_warmup(case))
     before = jat.stats()
@@ -240,9 +237,6 @@ def main() -> None:
                         help="also run each tuned step in turns with the plain step in its process")
     parser.add_argument("--key-threads", type=int, default=None,
                         help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
-    parser.add_argument("--plain-in-priming", action=argparse.BooleanOptionalAction, default=None,
-                        help="compile the check's plain program in the keys' priming compile "
-                             "(default: the package's PLAIN_IN_PRIMING)")
     parser.add_argument("--keep-stores", default=None, metavar="DIR",
                         help="keep each variant's tune store in a new DIR/<model>_<variant>_* (default: a temporary folder)")
     args = parser.parse_args()
@@ -253,8 +247,6 @@ def main() -> None:
     options += [f"--decode-batch={args.decode_batch}"] if args.decode_batch else []
     options += [f"--key-threads={args.key_threads}"] if args.key_threads else []
     options += ["--beside-plain"] if args.beside_plain else []
-    if args.plain_in_priming is not None:
-        options += ["--plain-in-priming" if args.plain_in_priming else "--no-plain-in-priming"]
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):

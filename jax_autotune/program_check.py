@@ -61,7 +61,7 @@ import numpy as np
 
 from jax_autotune.dtypes import is_floating
 from jax_autotune.key import MatmulKey
-from jax_autotune.tuning import programs, xla_priming
+from jax_autotune.tuning import programs
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.tuning.threads import carrying_x64
 
@@ -258,26 +258,20 @@ class WallClock:
         self.compiles = 0
         self._plain = None
         self._plain_future: concurrent.futures.Future | None = None
-        self._autotuned = False  # XLA autotuned the plain program's dots already (``autotuned``)
         self.plain_compile: tuple[float, float] | None = None  # start_plain's (seconds, device wait)
         self._lowering = threading.Lock()  # one lowering at a time: each reads its set from ``programs``
         self._timed: dict[frozenset, tuple[float, float]] = {}
 
     def start_plain(self) -> None:
         """Lower and compile the plain program on a thread; ``_time`` takes it from there.
-        Where XLA autotuned it already (``lowered_beside``, compiled with the keys' dots),
-        the compile takes XLA's kept choices and runs nothing on the device; else it holds
-        the device alone (``DEVICE_LOCK``): XLA's GEMM autotuner times the program's dots
-        on the device meanwhile, as it does in a candidate's compile."""
+        The compile holds the device alone (``DEVICE_LOCK``): XLA's GEMM autotuner times
+        the program's dots on the device meanwhile, as it does in a candidate's compile."""
         def plain():
             started, waited = time.perf_counter(), DEVICE_LOCK.waited_seconds()
             lowered = self._lowered(self.every_key)
             try:
-                compiled = self._with_kept_choices(lowered) if self._autotuned else None
-                if compiled is None:
-                    with DEVICE_LOCK.exclusive():
-                        compiled = lowered.compile()
-                return compiled
+                with DEVICE_LOCK.exclusive():
+                    return lowered.compile()
             finally:
                 self.plain_compile = (time.perf_counter() - started, DEVICE_LOCK.waited_seconds() - waited)
 
@@ -286,38 +280,15 @@ class WallClock:
         self._plain_future = pool.submit(carrying_x64(plain))
         pool.shutdown(wait=False)  # returns at once; the thread runs on
 
-    def lowered_beside(self, other: Callable, other_specs: Sequence[Any]):
-        """The plain program and ``other(*other_specs)`` lowered as one module, for one
-        autotuning pass over both (``xla_priming.prime(..., beside=clock)``)."""
-        return self._lowered(self.every_key, (other, tuple(other_specs)))
-
-    def autotuned(self) -> None:
-        """XLA autotuned the plain program's dots (``lowered_beside``'s module compiled)."""
-        self._autotuned = True
-
-    @staticmethod
-    def _with_kept_choices(lowered):
-        """``lowered`` compiled on XLA's kept choices alone (no kernel runs); None where
-        XLA missed one (it then compiles with its autotuner, holding the device)."""
-        try:
-            return lowered.compile(compiler_options=xla_priming.KEPT_CHOICES_ONLY)
-        except Exception:  # noqa: BLE001 - a miss, not an error of the program
-            return None
-
     def close(self) -> None:
         """Wait for a plain compile ``start_plain`` began (a check that compiles nothing)."""
         if self._plain_future is not None:
             self._plain_future.exception()
 
-    def _lowered(self, left: frozenset, beside: tuple[Callable, tuple] | None = None):
-        """The program with the dots of ``left`` plain, lowered; with ``beside`` (a
-        function and its arguments) lowered in the same module, its outputs second."""
+    def _lowered(self, left: frozenset):
         with self._lowering:
             _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
             try:
-                if beside is not None:
-                    other, other_args = beside
-                    return jax.jit(lambda a, b: (self.target(*a), other(*b))).lower(self.args, other_args)
                 return jax.jit(lambda *a: self.target(*a), donate_argnums=self.donate).lower(*self.args)
             finally:  # between lowerings, the program as tuned (never a trial's set)
                 _leave(self.program_ids, self.tuner, frozenset(), persist=False)

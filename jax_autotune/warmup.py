@@ -35,9 +35,8 @@ the processes tune different keys first and each ends with every decision. On a 
 keys tune at once (``KEY_THREADS``); on a CPU, whose timings are host clocks, one. First
 (``Tuner.prime``), on a GPU, XLA's GEMM autotuner tunes the XLA dots of every key to be
 tuned, many in one compile, which keeps all cores busy (each key's own compiles of them
-then take XLA's kept choices), and the device's probes those keys need are measured. The
-program check's plain program is in that compile too (one autotuning pass holding the device
-alone, not two); its own compile then takes XLA's kept choices while the keys tune.
+then take XLA's kept choices), and the device's probes those keys need are measured, before
+the plain program's compile takes the device.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ except ImportError:  # pragma: no cover - a jax that moved it: keys of dead code
     _dce_jaxpr = None
 
 KEY_THREADS = 2  # keys tuned at once where the tuner times on the device (GPUs)
-PLAIN_IN_PRIMING = True  # the program check's plain program in the keys' priming compile (GPUs)
 # a warmup's phases, in order (``WarmupReport.seconds``): tracing fn (deciding its attentions
 # too), readying the device (XLA's GEMM autotuning of the keys' dots in one compile on GPUs,
 # the probes), the keys' tunings, the program check
@@ -250,7 +248,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     if uses and tuner.timer.measures_device_time and program_check.stored(program_ids, tuner, len(uses)) is None:
         # the plain program needs no decision: it compiles while the keys tune
         clock = program_check.WallClock(fns[0], example_args, program_ids, tuner, frozenset(uses), donate)
-    entries = _tuned(work, tuner, progress, policy, seconds, beside=clock)
+    entries = _tuned(work, tuner, progress, policy, seconds, then=clock.start_plain if clock else None)
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     program = None
     if checks:
@@ -286,11 +284,11 @@ def _phase(seconds: dict[str, float], name: str):
 
 
 def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy: Policy,
-           seconds: dict[str, float], beside: program_check.WallClock | None = None) -> list[WarmupEntry]:
+           seconds: dict[str, float], then: Callable[[], None] | None = None) -> list[WarmupEntry]:
     """Each key of ``work`` decided (tuned where it must be), in the report's order; the
-    phases' wall seconds (prime, tune) added to ``seconds``. ``beside``: the program
-    check's clock, whose plain program XLA autotunes in the keys' priming compile (one
-    pass holding the device alone, not two), then compiles while the keys tune."""
+    phases' wall seconds (prime, tune) added to ``seconds``. ``then()`` is called between
+    the phases: after XLA's autotuning of every key's dots and the probes, which hold the
+    device alone."""
     job = current_job()
     if job is not None and work:  # each process starts on its own share of the list
         offset = len(work) * job.process_index // job.process_count
@@ -309,9 +307,9 @@ def _tuned(work: list[tuple[MatmulProblem, MatmulKey]], tuner, progress, policy:
         by_tuner.setdefault(_tuner_of(key, tuner), []).append((key, problem))
     with _phase(seconds, "prime"):
         for each, pairs in by_tuner.items():
-            each.prime(pairs, policy, beside if each is tuner and PLAIN_IN_PRIMING else None)
-    if beside is not None:
-        beside.start_plain()
+            each.prime(pairs, policy)
+    if then is not None:
+        then()
     with _phase(seconds, "tune"), over_keys(len(first_problem), progress, policy.progress) as track, \
             concurrent.futures.ThreadPoolExecutor(threads) as pool:
         decisions = pool.map(carrying_x64(lambda item: _tuner_of(item[0], tuner).select(item[1], item[0], policy)),

@@ -424,7 +424,7 @@ class _ConcurrencyTuner:
         self.barrier = threading.Barrier(2, timeout=30) if device_time else None
         self.lock, self.running, self.most, self.keys, self.x64 = threading.Lock(), 0, 0, [], []
 
-    def prime(self, work, policy, beside=None):
+    def prime(self, work, policy):
         return 0
 
     def select(self, problem, key, policy):

@@ -22,8 +22,7 @@ import jax_autotune.config as config
 from jax_autotune.autotune import programs_traced
 from jax_autotune.primitive import fused_p, matmul_p
 from jax_autotune.registry import RUNTIME, tuner_for
-from jax_autotune.kernels.xla import XLA_DOT
-from jax_autotune.tuning import programs, xla_priming
+from jax_autotune.tuning import programs
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
 from jax_autotune.jaxprs import equations
 from jax_autotune.warmup import PHASES, matmul_problems
@@ -248,10 +247,7 @@ def test_warmup_compares_the_training_step_and_a_second_warmup_reads_the_check(f
         np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5)
 
 
-@pytest.mark.parametrize("primed", [False, True])
-def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fresh_tuning, monkeypatch, primed):
-    """``primed``: as on a GPU, the keys' priming compile autotunes the plain program too
-    (``xla_priming``), which then compiles on XLA's kept choices without holding the device."""
+def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fresh_tuning, monkeypatch):
     def loss(params, x):
         return jnp.mean(mlp(x, *params) ** 2)
 
@@ -265,9 +261,9 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
         def __init__(self, lowered):
             self.lowered = lowered
 
-        def compile(self, **options):
+        def compile(self):
             plain_compiles.append(getattr(holding, "device", False))
-            return self.lowered.compile(**options)
+            return self.lowered.compile()
 
     @contextlib.contextmanager
     def holding_alone():
@@ -278,9 +274,9 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
             finally:
                 holding.device = False
 
-    def lowering(clock, left, beside=None):
-        if left != clock.every_key or beside is not None:
-            return lowered(clock, left, beside)
+    def lowering(clock, left):
+        if left != clock.every_key:
+            return lowered(clock, left)
         asked.append("plain")
         plain_lowering.set()
         return Plain(lowered(clock, left))
@@ -295,50 +291,21 @@ def test_under_a_device_timer_the_plain_program_compiles_while_the_keys_tune(fre
         assert plain_lowering.wait(timeout=30), "the plain program waited for the keys' tuning"
         return select(*args, **kwargs)
 
-    prime, beside_compiled = tuner.prime, []
-
-    def priming(work, policy, beside=None):  # a GPU tuner's priming: XLA's dots with the program beside
-        work = list(work)
-        if primed and beside is not None:
-            beside_compiled.append(xla_priming.prime([(problem, XLA_DOT) for _, problem in work],
-                                                     jax.devices("cpu")[0], beside))
-        return prime(work, policy)
-
     monkeypatch.setattr(program_check.WallClock, "_lowered", lowering)
     monkeypatch.setattr(tuner, "select", selecting)
-    monkeypatch.setattr(tuner, "prime", priming)
     monkeypatch.setattr(tuner.probes, "peaks_for", probing)
     monkeypatch.setattr(DEVICE_LOCK, "exclusive", holding_alone)
-    monkeypatch.setattr(xla_priming, "DEVICE_LOCK", DEVICE_LOCK)
     step, params = jat.autotune(loss), (W1, W2, B)
-    report = jat.warmup(step, params, X, grad=True)
-    check = report.program
-    assert beside_compiled == ([len(report)] if primed else [])  # every key's XLA dot, in one compile
+    check = jat.warmup(step, params, X, grad=True).program
     assert check.source in ("checked", "xla")
-    if check.source == "checked":  # the plain program compiled once, early; alone on the device unless primed
-        assert plain_compiles == [not primed] and check.compiles >= 2
+    if check.source == "checked":  # the plain program compiled once, early, alone on the device
+        assert plain_compiles == [True] and check.compiles >= 2
         assert check.plain_seconds > 0 and check.tuned_seconds > 0
         assert 0 <= check.plain_compile_wait_seconds <= check.plain_compile_seconds  # its own record
     # every probe a key read was measured before the plain program took the device (prime)
     before = asked[:asked.index("plain")]
     assert before and all(problem in before for problem in asked[asked.index("plain") + 1:])
     assert programs.left_plain(tuner, next(iter(programs_seen(step, params)))) == frozenset(check.left_plain)
-
-
-@pytest.mark.gpu
-def test_on_a_gpu_xla_autotunes_the_plain_program_in_the_priming_compile_and_keeps_every_choice(
-        fresh_tuning, monkeypatch):
-    """The plain program's own compile then runs on XLA's kept choices alone: no miss, so it
-    never holds the device while the keys tune."""
-    def loss(params, x):
-        return jnp.mean(mlp(x, *params) ** 2)
-
-    kept, with_kept_choices = [], program_check.WallClock._with_kept_choices
-    monkeypatch.setattr(program_check.WallClock, "_with_kept_choices",
-                        staticmethod(lambda lowered: kept.append(with_kept_choices(lowered)) or kept[-1]))
-    report = jat.warmup(jat.autotune(loss), (W1, W2, B), X, grad=True)
-    assert len(kept) == 1 and kept[0] is not None  # autotuned beside the keys' dots; no choice missed
-    assert report.program.source in ("checked", "xla")
 
 
 def programs_seen(fn, params):

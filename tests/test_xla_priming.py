@@ -45,7 +45,7 @@ def clean():
 def compiled(monkeypatch):
     """The pairs of each priming compile, in order (nothing is compiled)."""
     calls = []
-    monkeypatch.setattr(xla_priming, "_compile_together", lambda pairs, device, beside=None: calls.append(
+    monkeypatch.setattr(xla_priming, "_compile_together", lambda pairs, device: calls.append(
         [(p, c.name) for p, c in pairs]))
     return calls
 
@@ -65,7 +65,7 @@ def test_a_long_list_is_primed_in_bounded_compiles_and_a_failing_one_loses_only_
     problems = [MatmulProblem(1, 8 + i, 8, 8, "float32", "float32", "float32") for i in range(7)]
     calls = []
 
-    def compile_together(pairs, device, beside=None):
+    def compile_together(pairs, device):
         calls.append(len(pairs))
         if len(calls) == 2:
             raise RuntimeError("XLA rejected one of them")
@@ -83,46 +83,8 @@ def test_a_single_dot_is_not_worth_a_priming_compile(compiled):
     assert compiled == [] and not xla_priming.is_primed(P1, XLA, DEVICE)
 
 
-class Program:
-    """A ``beside`` program: lowered with the priming's dots, told when they compiled."""
-
-    def __init__(self):
-        self.lowered_with, self.told = [], 0
-
-    def lowered_beside(self, other, specs):
-        self.lowered_with.append(len(specs))
-        return jax.jit(lambda a, b: (jax.numpy.sin(a), other(*b))).lower(jax.numpy.ones(3), specs)
-
-    def autotuned(self):
-        self.told += 1
-
-
-@pytest.mark.parametrize("fails", [False, True])
-def test_a_program_beside_goes_into_the_first_compile_alone_and_learns_whether_it_compiled(monkeypatch, fails):
-    calls = []
-
-    def compile_together(pairs, device, beside=None):
-        calls.append((len(pairs), beside))
-        if fails:
-            raise RuntimeError("XLA could not compile it")
-
-    monkeypatch.setattr(xla_priming, "_compile_together", compile_together)
-    monkeypatch.setattr(xla_priming, "PAIRS_PER_COMPILE", 1)
-    program = Program()
-    assert xla_priming.prime([(P1, XLA), (P2, XLA)], DEVICE, beside=program) == (0 if fails else 2)
-    assert calls == [(1, program), (1, None)]
-    assert program.told == (0 if fails else 1)
-
-
-def test_one_dot_beside_a_program_is_worth_the_compile_and_none_is_not(compiled):
-    program = Program()
-    assert xla_priming.prime([(P1, XLA)], DEVICE, beside=program) == 1 and program.told == 1
-    assert xla_priming.prime([(P1, XLA), (P1, PALLAS)], DEVICE, beside=program) == 0  # primed already
-    assert program.told == 1 and len(compiled) == 1
-
-
 def test_a_failing_priming_compile_costs_only_its_time(monkeypatch):
-    def fail(pairs, device, beside=None):
+    def fail(pairs, device):
         raise RuntimeError("XLA could not compile it")
     monkeypatch.setattr(xla_priming, "_compile_together", fail)
     assert xla_priming.prime([(P1, XLA), (P2, XLA)], DEVICE) == 0
@@ -163,23 +125,6 @@ def test_the_priming_compile_lowers_every_dot_into_one_module_and_holds_the_devi
     assert xla_priming.prime([(P1, real_xla), (P2, real_xla)], DEVICE) == 2
     assert held == ["exclusive"] and len(compiled_text) == 1
     assert compiled_text[0].count("dot_general") == 2
-
-
-def test_the_program_beside_is_compiled_in_the_same_module_holding_the_device_alone(monkeypatch):
-    compiled_text = []
-    spy = SpyLock()
-    original = jax.stages.Lowered.compile
-
-    def compile_and_look(self, *args, **kwargs):
-        compiled_text.append(self.as_text())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(xla_priming, "DEVICE_LOCK", spy)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_look)
-    program = Program()
-    assert xla_priming.prime([(P1, dataclasses.replace(XLA))], DEVICE, beside=program) == 1
-    assert spy.held == ["exclusive"] and len(compiled_text) == 1 and program.lowered_with == [2]
-    assert compiled_text[0].count("dot_general") == 1 and "sine" in compiled_text[0]
 
 
 def test_a_queue_compiles_its_xla_candidates_only_after_priming_them(monkeypatch):
@@ -240,7 +185,7 @@ def gpu_tuner(store, device=GPU, primes_xla: bool = True):
 @pytest.fixture
 def primes(monkeypatch):
     calls = []
-    monkeypatch.setattr(xla_priming, "prime", lambda pairs, device, beside=None: calls.append(
+    monkeypatch.setattr(xla_priming, "prime", lambda pairs, device: calls.append(
         [(p, c.name) for p, c in pairs]) or len(calls[-1]))
     return calls
 
@@ -274,7 +219,7 @@ def test_warmup_primes_every_key_before_tuning_them(monkeypatch, fresh_tuning):
     import jax_autotune as jat
 
     seen = []
-    monkeypatch.setattr(Tuner, "prime", lambda self, work, policy, beside=None: seen.append(sorted(p.m for _, p in work)) or 0)
+    monkeypatch.setattr(Tuner, "prime", lambda self, work, policy: seen.append(sorted(p.m for _, p in work)) or 0)
     config.update("mode", "off")  # the keys are not tuned: only the call is looked at
     report = jat.warmup([(16, 8, 12), (7, 5, 3)], dtype="float32", platform="cpu")
     assert seen == [[7, 16]] and len(report) == 2

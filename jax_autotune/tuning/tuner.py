@@ -207,13 +207,12 @@ class Tuner:
         """
         return self._tune(key or problem.key(policy.level), problem, policy)
 
-    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]], policy: Policy = DEFAULT_POLICY,
-              beside: xla_priming.Beside | None = None) -> int:
+    def prime(self, work: Iterable[tuple[MatmulKey, MatmulProblem]], policy: Policy = DEFAULT_POLICY) -> int:
         """Ready the device for the keys of ``work`` that will be tuned: on a GPU, autotune
         their XLA dots in one compile (``tuning.xla_priming``; their tunings then take
-        XLA's kept choices), with ``beside``'s program in it (``warmup``'s plain program);
-        then measure the probes they need (``tuning.probes``), so that no tuning waits for
-        them behind other work that holds the device. How many XLA-based candidates it primed.
+        XLA's kept choices); then measure the probes they need (``tuning.probes``), so that
+        no tuning waits for them behind other work that holds the device (``warmup``'s
+        plain program compiling). How many XLA-based candidates it primed.
 
             >>> tuner.prime([(problem.key(), problem) for problem in problems])
             14
@@ -225,7 +224,7 @@ class Tuner:
         primed = 0
         if self.device.platform == "gpu":
             pairs = [(problem, candidate) for problem, plan in plans for candidate in xla_round(plan)]
-            primed = xla_priming.prime(pairs, self._jax_device(), beside)
+            primed = xla_priming.prime(pairs, self._jax_device())
         for problem in dict.fromkeys(problem for problem, plan in plans if plan.runnable):
             try:
                 self.probes.peaks_for(problem)  # measured once per device; the keys read them

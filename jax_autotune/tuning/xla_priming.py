@@ -17,21 +17,15 @@ candidate's own compile then runs no kernel and needs no hold of the device
 the usual way). A failed priming costs only its time: each candidate then autotunes in
 its own compile.
 
-``warmup`` primes a whole program beside its keys' dots (``beside``: the program check's
-plain program, ``program_check.WallClock``): one autotuning pass instead of two, each
-holding the device alone, and the program's own compile then takes XLA's kept choices
-without holding the device, while the keys tune.
-
     >>> primed = prime([(problem, XLA_DOT), (problem, padded_barrier)], jax_device)
     >>> primed      # how many pairs this compile autotuned (0: nothing to do, or failed)
     2
-    >>> prime(pairs, jax_device, beside=clock)   # clock.lowered_beside(...), clock.autotuned()
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Iterable, Sequence
 
 import jax
 
@@ -46,18 +40,6 @@ KEPT_CHOICES_ONLY = {"xla_gpu_require_complete_aot_autotune_results": True}
 # a long warmup is split into compiles of this many, so that what one compile holds in
 # memory, and what a candidate that XLA rejects makes lose, stay bounded
 PAIRS_PER_COMPILE = 32
-
-
-
-class Beside(Protocol):
-    """A program compiled in one module with the first priming compile's dots."""
-
-    def lowered_beside(self, other: Callable, other_specs: Sequence[Any]):
-        """The program and ``other(*other_specs)`` lowered as one module."""
-
-    def autotuned(self) -> None:
-        """Called once that module compiled: XLA keeps the program's choices."""
-
 
 _lock = threading.Lock()
 _primed: set[tuple] = set()  # (device id, problem, candidate name): XLA keeps their choices
@@ -83,24 +65,20 @@ def to_prime(pairs: Iterable[Pair], device) -> list[Pair]:
     return todo
 
 
-def prime(pairs: Iterable[Pair], device, beside: Beside | None = None) -> int:
+def prime(pairs: Iterable[Pair], device) -> int:
     """Autotune the XLA dots of ``pairs`` (problem, candidate) on ``device``, up to
     ``PAIRS_PER_COMPILE`` in one compile; the number of pairs autotuned. Fewer than two to
-    do is 0: one dot alone gains nothing, unless ``beside`` (a program) shares its compile.
-    ``beside`` goes into the first compile; a compile that fails autotunes nothing."""
+    do is 0: one dot alone gains nothing."""
     todo = to_prime(pairs, device)
-    if len(todo) < (1 if beside is not None else 2):
+    if len(todo) < 2:
         return 0
     primed = 0
     for start in range(0, len(todo), PAIRS_PER_COMPILE):
         chunk = todo[start:start + PAIRS_PER_COMPILE]
-        with_program = beside if start == 0 else None
         try:
-            _compile_together(chunk, device, with_program)
+            _compile_together(chunk, device)
         except Exception:  # noqa: BLE001 - priming only saves time; each compile autotunes itself
             continue
-        if with_program is not None:
-            with_program.autotuned()
         with _lock:
             _primed.update(_mark(device, p, c) for p, c in chunk)
         primed += len(chunk)
@@ -108,7 +86,7 @@ def prime(pairs: Iterable[Pair], device, beside: Beside | None = None) -> int:
     return primed
 
 
-def _compile_together(pairs: Sequence[Pair], device, beside: Beside | None = None) -> None:
+def _compile_together(pairs: Sequence[Pair], device) -> None:
     sharding = jax.sharding.SingleDeviceSharding(device)
     # each dot as its timing compiles it (copied operands held as the program holds them)
     specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
@@ -121,7 +99,7 @@ def _compile_together(pairs: Sequence[Pair], device, beside: Beside | None = Non
         return tuple(operand_copies.timed(candidate.bound(problem), problem)(*inputs[starts[i]:starts[i + 1]])
                      for i, (problem, candidate) in enumerate(pairs))
 
-    lowered = beside.lowered_beside(every_dot, specs) if beside is not None else jax.jit(every_dot).lower(*specs)
+    lowered = jax.jit(every_dot).lower(*specs)
     with DEVICE_LOCK.exclusive():
         compile_lowered(lowered)
 
@@ -144,5 +122,5 @@ def forget() -> None:
         _primed.clear()
 
 
-__all__ = ["Beside", "prime", "to_prime", "is_primed", "compile_primed", "forget", "KEPT_CHOICES_ONLY",
+__all__ = ["prime", "to_prime", "is_primed", "compile_primed", "forget", "KEPT_CHOICES_ONLY",
            "PAIRS_PER_COMPILE"]
