@@ -44,7 +44,8 @@ logsumexp of the new token's logits; equal across variants within bf16 noise). E
 variant runs in its own process with a fresh tune store, so nothing is shared between them.
 Each tuned variant's process then also builds the plain step and runs the two in turns
 (``--steps`` pairs; ``--no-beside-plain`` skips it): both medians, ``beside_plain_ms`` and
-``beside_ms``, come from one process and one stretch of time, the table's "in turns" ratio.
+``beside_ms``, come from one process and one stretch of time, the table's "in turns" ratio;
+``--beside-layers`` adds ``layers``' step to an ``autotune`` process's turns (``beside_layers_ms``).
 Why: across processes one program measured 0.91-0.94x of itself on the CPU (tiny decode and
 GPT-2 `autotune` with every key left plain, compiled to plain's HLO; in turns, 300 pairs,
 143.7 against 142.8 us for decode).
@@ -205,19 +206,25 @@ def timed_step(case, state):
 
 
 def beside_plain(args, case, state) -> dict:
-    """The tuned step and the plain one, built in this process, run in turns: their medians."""
+    """The tuned step and the plain one, built in this process, run in turns: their medians
+    (``beside_ms``, ``beside_plain_ms``); with ``--beside-layers`` an ``autotune`` step also
+    turns with ``layers``' (warmed up here first; ``beside_layers_ms``)."""
     from step_models import make_case
 
-    plain = make_case(args.model, "plain", sizes_of(args.model, args.size, args.decode_batch), args.param_dtype)
-    cases, states = {"tuned": case, "plain": plain}, {"tuned": state, "plain": plain.state}
-    states["plain"] = timed_step(plain, states["plain"])[0]  # its compile
-    times: dict = {"tuned": [], "plain": []}
+    others = ["plain"] + (["layers"] if getattr(args, "beside_layers", False) and args.variant == "autotune" else [])
+    cases, states = {"tuned": case}, {"tuned": state}
+    for name in others:
+        cases[name] = make_case(args.model, name, sizes_of(args.model, args.size, args.decode_batch), args.param_dtype)
+        if name not in UNTUNED:
+            cases[name].warmup()
+        states[name] = timed_step(cases[name], cases[name].state)[0]  # its compile
+    times: dict = {name: [] for name in cases}
     for _ in range(args.steps):
         for name in cases:
             states[name], _, seconds = timed_step(cases[name], states[name])
             times[name].append(seconds)
-    return {"beside_ms": statistics.median(times["tuned"]) * 1e3,
-            "beside_plain_ms": statistics.median(times["plain"]) * 1e3}
+    medians = {name: statistics.median(seconds) * 1e3 for name, seconds in times.items()}
+    return {"beside_ms": medians.pop("tuned"), **{f"beside_{name}_ms": ms for name, ms in medians.items()}}
 
 
 def main() -> None:
@@ -235,6 +242,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=240.0)
     parser.add_argument("--beside-plain", action=argparse.BooleanOptionalAction, default=True,
                         help="also run each tuned step in turns with the plain step in its process")
+    parser.add_argument("--beside-layers", action="store_true",
+                        help="also run the autotune step in turns with layers' (hand placement) in its process")
     parser.add_argument("--key-threads", type=int, default=None,
                         help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
     parser.add_argument("--keep-stores", default=None, metavar="DIR",
@@ -247,6 +256,7 @@ def main() -> None:
     options += [f"--decode-batch={args.decode_batch}"] if args.decode_batch else []
     options += [f"--key-threads={args.key_threads}"] if args.key_threads else []
     options += ["--beside-plain"] if args.beside_plain else []
+    options += ["--beside-layers"] if args.beside_layers else []
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
@@ -323,7 +333,10 @@ def model_table(model: str, rows: list[dict], sizes: dict) -> list[str]:
 def _in_turns(row: dict) -> str:
     if "beside_ms" not in row:
         return "-"
-    return f"{row['beside_ms']:.2f} / {row['beside_plain_ms']:.2f}, **{row['beside_plain_ms'] / row['beside_ms']:.3f}**"
+    text = f"{row['beside_ms']:.2f} / {row['beside_plain_ms']:.2f}, **{row['beside_plain_ms'] / row['beside_ms']:.3f}**"
+    if "beside_layers_ms" in row:
+        text += f"; layers {row['beside_layers_ms']:.2f}, layers / variant **{row['beside_layers_ms'] / row['beside_ms']:.3f}**"
+    return text
 
 
 if __name__ == "__main__":
