@@ -208,7 +208,9 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     shows it on a terminal); meanwhile no key shows a line of its own.
     ``compare``: for a ``jat.autotune`` function, time the whole program (``fn``, or with
     ``grad=True`` its value and gradient) tuned against plain, and leave the dots of the keys
-    that make it slower to lax in that program (``program_check``; ``report.program``).
+    that make it slower to lax in that program (``program_check``; ``report.program``); so
+    pass the function your step jits, whole (a decode step with its sampling in it): a ``fn``
+    that returns logits the step reduces is another program.
     ``donate_argnums``: the positions of ``example_args`` your jitted step donates (as
     ``jax.jit``'s): the check times the program donating them, as the step runs it (a
     decode step's KV cache updated in place); it donates copies, never your arrays.
