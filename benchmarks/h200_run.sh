@@ -51,7 +51,8 @@ for part in ${parts//,/ }; do
       ;;
     gpu)
       python3 "$repo/benchmarks/check_cublaslt_abi.py" > "$out/cublaslt_abi.json" 2>&1
-      JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout "${GPU_TESTS_TIMEOUT:-300}" "${pytest[@]}" \
+      # -v: a test the timeout stops is named (the one started and never reported)
+      JAX_AUTOTUNE_CACHE_DIR=/tmp/gpu_tests_cache timeout "${GPU_TESTS_TIMEOUT:-300}" "${pytest[@]}" -vv \
         -n "${GPU_TEST_WORKERS:-4}" --durations=12 -m gpu "$repo/tests" > "$out/tests_gpu.log" 2>&1
       echo "exit $?" >> "$out/tests_gpu.log"
       ;;
