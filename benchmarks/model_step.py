@@ -191,7 +191,7 @@ def run_variant(args) -> dict:
         losses.append(float(value))
     row.update(step_ms=statistics.median(times) * 1e3, losses=losses[:4])
     if getattr(args, "beside_plain", False) and args.variant not in UNTUNED:
-        row.update(beside_plain(args, case, state))
+        row.update(in_turns(args, case, state))
     return row
 
 
@@ -205,7 +205,7 @@ def timed_step(case, state):
     return state, value, time.perf_counter() - start
 
 
-def beside_plain(args, case, state) -> dict:
+def in_turns(args, case, state) -> dict:
     """The tuned step and the plain one, built in this process, run in turns: their medians
     (``beside_ms``, ``beside_plain_ms``); with ``--beside-layers`` an ``autotune`` step also
     turns with ``layers``' (warmed up here first; ``beside_layers_ms``)."""

@@ -64,10 +64,10 @@ def profile(model: str, variant: str, size: str, param_dtype: str, checked: bool
             "kernels": len(kernels), "classes": dict(classes), "top": top}
 
 
-def report(rows: list[dict], command: str, device: str, jax_version: str) -> str:
+def report(rows: list[dict], command: str, device: str, jax_version: str, checked: bool = False) -> str:
     lines = [f"# Training-step device time by kernel class ({datetime.date.today()})", "",
              f"`{command}` on {device}, jax {jax_version}; one step under CUPTI, ms (kernels); the tuned "
-             f"variants {'after' if '--checked' in command else 'before'} warmup's whole-program check.", ""]
+             f"variants {'after' if checked else 'before'} warmup's whole-program check.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = {r["variant"]: r for r in rows if r["model"] == model}
         variants = list(mine)
@@ -109,7 +109,7 @@ def main() -> None:
     command = "python benchmarks/step_profile.py " + " ".join(sys.argv[1:])
     with open(os.path.join(args.out, f"step_profile_{stamp}.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    text = report(rows, command, jax.devices()[0].device_kind, jax.__version__)
+    text = report(rows, command, jax.devices()[0].device_kind, jax.__version__, args.checked)
     with open(os.path.join(args.out, f"step_profile_{stamp}.md"), "w") as f:
         f.write(text)
     print(text)
