@@ -46,6 +46,8 @@ Each tuned variant's process then also builds the plain step and runs the two in
 (``--steps`` pairs; ``--no-beside-plain`` skips it): both medians, ``beside_plain_ms`` and
 ``beside_ms``, come from one process and one stretch of time, the table's "in turns" ratio;
 ``--beside-layers`` adds ``layers``' step to an ``autotune`` process's turns (``beside_layers_ms``).
+Each tuned variant's row carries its store's per-key tuning cost (``tuning_cost``, as
+``benchmarks/tuning_cost.py`` reads it), so the JSON alone says where the warmup went.
 Why: across processes one program measured 0.91-0.94x of itself on the CPU (tiny decode and
 GPT-2 `autotune` with every key left plain, compiled to plain's HLO; in turns, 300 pairs,
 143.7 against 142.8 us for decode).
@@ -66,6 +68,7 @@ import tempfile
 import time
 
 from report import child_result, write_results
+from tuning_cost import store_keys
 
 VARIANTS = ("plain", "layers", "autotune", "fused_attention", "autotune_fused_attention", "jax_attention",
             "autotune_jax_attention")
@@ -260,10 +263,13 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
-            env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=store_dir(args.keep_stores, model, variant))
+            store = store_dir(args.keep_stores, model, variant)
+            env = dict(os.environ, JAX_AUTOTUNE_CACHE_DIR=store)
             try:
                 rows.append(child_result(__file__, ["--model", model, "--variant", variant, *options], env,
                                          args.timeout_s))
+                if variant not in UNTUNED:
+                    rows[-1]["tuning_cost"] = store_keys(store)
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
                 rows.append({"model": model, "variant": variant, "size": args.size, "param_dtype": args.param_dtype,
                              "error": f"{type(err).__name__}: {err}"[-2000:]})

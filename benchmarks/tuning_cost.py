@@ -4,6 +4,10 @@ compiled candidate finished from the key's winner, so a cost rule can be checked
 what the device measured.
 
     python benchmarks/tuning_cost.py DIR [DIR ...] [--json OUT.json]
+    python benchmarks/tuning_cost.py model_step_DATE.json     # the rows' ``tuning_cost``
+
+A ``model_step.py`` results JSON holds the same summaries (each tuned row's ``tuning_cost``),
+read at the end of its run, so its stores need not be kept.
 
 For each store (``DIR/*/default.db`` or a ``default.db`` itself): one row per tuned key
 (winner, candidates compiled, compile seconds summed, tuning seconds), then per family (the
@@ -39,6 +43,22 @@ def decisions(db: str) -> list[dict]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         rows = conn.execute("SELECT value FROM entries WHERE namespace LIKE ?", (MATMUL_NAMESPACE + "%",))
         return [json.loads(value) for (value,) in rows]
+
+
+def store_keys(folder: str) -> list[dict]:
+    """Each tuned key's ``summary`` in the stores under ``folder`` (a variant's tune store).
+
+        >>> [k["winner"] for k in store_keys("/tmp/stores/gpt2_autotune_k2x9")]
+        ['xla_dot', 'cublaslt_algo0', ...]
+    """
+    return [summary(d) for db in stores([folder]) for d in decisions(db)]
+
+
+def from_results(path: str) -> dict[str, list[dict]]:
+    """``model_step.py`` results: ``model_variant`` -> its row's ``tuning_cost``."""
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {f"{path}: {r['model']} {r['variant']}": r["tuning_cost"] for r in rows if r.get("tuning_cost")}
 
 
 def family(name: str) -> str:
@@ -94,8 +114,9 @@ def families(keys: list[dict]) -> dict[str, dict]:
     return table
 
 
-def report(db: str, keys: list[dict]) -> str:
-    lines = [f"## {db}", "", f"{len(keys)} keys; {sum(k['compiled'] for k in keys)} compiles, "
+def report(source: str, keys: list[dict]) -> str:
+    """The markdown of one store's keys (``source`` names it: a .db, or a results row)."""
+    lines = [f"## {source}", "", f"{len(keys)} keys; {sum(k['compiled'] for k in keys)} compiles, "
              f"{sum(k['compile_s'] for k in keys):.1f} s summed; tuning "
              f"{sum(k['tuning_s'] or 0 for k in keys):.1f} s summed"
              + (f", median {statistics.median(k['tuning_s'] or 0 for k in keys):.2f} s" if keys else ""), "",
@@ -117,14 +138,18 @@ def report(db: str, keys: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="kept store folders (model_step.py --keep-stores) or .db files")
+    parser.add_argument("paths", nargs="+",
+                        help="kept store folders (model_step.py --keep-stores), .db files or model_step results .json")
     parser.add_argument("--json", default=None, help="also write every key's summary here")
     args = parser.parse_args()
     everything = {}
-    for db in stores(args.paths):
-        keys = [summary(d) for d in decisions(db)]
-        everything[db] = keys
-        print(report(db, keys))
+    for path in args.paths:
+        if path.endswith(".json"):
+            everything.update(from_results(path))
+    for db in stores([p for p in args.paths if not p.endswith(".json")]):
+        everything[db] = [summary(d) for d in decisions(db)]
+    for name, keys in everything.items():
+        print(report(name, keys))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f, indent=1)
