@@ -11,7 +11,9 @@
 #   context  the context suite's plain and tuned side (context_suite.py --phase jax)
 #   inductor the context suite's Inductor side, one child per case and variant
 #   model    the model steps (MODELS: gpt2, llama, vit, decode; PARAM_DTYPE float32 or bfloat16;
-#            VARIANTS, default plain,layers,autotune)
+#            VARIANTS, default plain,layers,autotune; MODEL_ARGS, more of model_step.py's flags,
+#            e.g. "--beside-layers --steps 50")
+#   moe      the grouped-matmul suite (MOE_CASES, MOE_MODES default bare,backward; torch beside)
 #   profile  a training step's device time by kernel class (PROFILE_MODELS, PROFILE_VARIANTS)
 #     bash benchmarks/h200_run.sh OUTDIR tests
 # The package is built and installed once per run. Wheels put in .whl/ (packages the machine
@@ -94,8 +96,14 @@ for part in ${parts//,/ }; do
       ( cd "$repo/benchmarks" && timeout "${MODEL_TIMEOUT:-560}" python3 model_step.py --out "$out" \
           --models "${MODELS:-gpt2,llama}" --variants "${VARIANTS:-plain,layers,autotune}" \
           --param-dtype "${PARAM_DTYPE:-float32}" \
-          --timeout-s "${VARIANT_TIMEOUT:-150}" > "$out/model_step.log" 2>&1
+          --timeout-s "${VARIANT_TIMEOUT:-150}" ${MODEL_ARGS:-} > "$out/model_step.log" 2>&1
         echo "exit $?" >> "$out/model_step.log" )
+      ;;
+    moe)
+      ( cd "$repo/benchmarks" && timeout "${MOE_TIMEOUT:-540}" python3 moe_suite.py --out "$out" \
+          --cases "${MOE_CASES:-deepseek_up,qwen_moe_up,qwen_moe_down}" --modes "${MOE_MODES:-bare,backward}" \
+          --peers torch --peer-timeout-s 80 > "$out/moe_suite.log" 2>&1
+        echo "exit $?" >> "$out/moe_suite.log" )
       ;;
     profile)
       ( cd "$repo/benchmarks" && timeout "${PROFILE_TIMEOUT:-300}" python3 step_profile.py --out "$out" \
