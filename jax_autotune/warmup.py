@@ -73,6 +73,7 @@ from jax_autotune.tuning.policy import Policy
 from jax_autotune.tuning.progress import over_keys
 from jax_autotune.tuning.threads import carrying_x64
 from jax_autotune.tuning.tuner import record_decisions
+from jax_autotune.tuning import programs
 from jax_autotune.kernels.ragged import XLA_RAGGED_NAME
 from jax_autotune.kernels.xla import XLA_DOT_NAME
 
@@ -214,6 +215,10 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``donate_argnums``: the positions of ``example_args`` your jitted step donates (as
     ``jax.jit``'s): the check times the program donating them, as the step runs it (a
     decode step's KV cache updated in place); it donates copies, never your arrays.
+    A check that changes what a program leaves plain clears JAX's caches
+    (``jax.clear_caches()``), which hold the traces made before it: the function warmed up
+    (or a jitted one it calls) is traced again on its next call, with the check's result;
+    other jitted functions compile again on theirs.
     The settings (mode, level, budget, ...) are read once, here (a bad one: ``ConfigError``).
     """
     policy = config.policy()
@@ -254,9 +259,15 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     attention = tuple({d.key: d for d in attentions}.values()) if callable(shapes_or_fn) else ()
     program = None
     if checks:
+        before = programs.generation()
         with _phase(seconds, "check"):
             program = _compared(fns[0], example_args, uses, entries, attentions, program_ids, tuner, clock,
                                 donate)
+        if programs.generation() != before:
+            # JAX keeps the traces made above, keyed on the function (and on any jitted one it
+            # calls): the step warmed up whole and then jitted would run as traced before the
+            # check; cleared, its next trace reads what the check kept
+            jax.clear_caches()
     return WarmupReport(tuple(entries), program, attention, seconds)
 
 

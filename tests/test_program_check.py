@@ -444,3 +444,27 @@ def test_the_report_counts_one_key_as_one_key(fresh_tuning):
     assert "its 1 key left plain" in str(one)
     written = program_check.ProgramCheck(1.0, 0.9, 0.9, 2, tuple(keys), written=1)
     assert "its 1 key XLA's dot won as written" in str(written) and "keys left plain" not in str(written)
+
+
+@pytest.mark.parametrize("form", ["autotune", "step", "jitted step"])
+def test_a_function_warmup_traced_runs_as_its_check_decided_when_jitted_after(fresh_tuning, monkeypatch, form):
+    """JAX keeps the traces warmup made (its cache is keyed on the function, and on a jitted
+    one it calls): the step a user warms up whole and then jits must still run what the
+    check decided, here every key plain."""
+    check = program_check.check
+    monkeypatch.setattr(program_check, "check", lambda target, args, ids, uses, *rest, **kwargs:
+                        check(target, args, ids, uses, *rest, **{**kwargs, "xla_won": frozenset(uses)}))
+    tuned = jat.autotune(mlp)
+
+    def step(x, w1, w2, b):
+        return tuned(x, w1, w2, b) * 2.0
+
+    fn = {"autotune": tuned, "step": step, "jitted step": jax.jit(step)}[form]
+    report = jat.warmup(fn, X, W1, W2, B)
+    assert report.program.source == "xla" and len(report.program.left_plain) == 2
+    for traced in (jax.make_jaxpr(fn)(X, W1, W2, B), jax.jit(fn).trace(X, W1, W2, B).jaxpr):
+        eqns = list(equations(traced))
+        assert not [e for e in eqns if e.primitive in (matmul_p, fused_p)]
+        assert sum(e.primitive.name == "dot_general" for e in eqns) == 2
+    want = mlp(X, W1, W2, B) * (1.0 if form == "autotune" else 2.0)
+    np.testing.assert_allclose(fn(X, W1, W2, B), want, rtol=1e-6, atol=1e-6)
