@@ -46,6 +46,8 @@ Each tuned variant's process then also builds the plain step and runs the two in
 (``--steps`` pairs; ``--no-beside-plain`` skips it): both medians, ``beside_plain_ms`` and
 ``beside_ms``, come from one process and one stretch of time, the table's "in turns" ratio;
 ``--beside-layers`` adds ``layers``' step to an ``autotune`` process's turns (``beside_layers_ms``).
+``--warm-whole-step`` warms up a training model's whole jitted step (its optimizer in the
+program check's timing) instead of its loss with ``grad=True``.
 Each tuned variant's row carries its store's per-key tuning cost (``tuning_cost``, as
 ``benchmarks/tuning_cost.py`` reads it), so the JSON alone says where the warmup went.
 Why: across processes one program measured 0.91-0.94x of itself on the CPU (tiny decode and
@@ -149,14 +151,15 @@ def timed_priming() -> list[dict]:
     return primes
 
 
-def timed_warmup(case) -> dict:
-    """``jat.warmup`` of the case's function: seconds, keys, winners, tunings, primes."""
+def timed_warmup(case, whole: bool = False) -> dict:
+    """``jat.warmup`` of the case's function (``whole``: of its whole training step): seconds,
+    keys, winners, tunings, primes."""
     from jax_autotune.tuning.tuner import record_decisions
 
     primes = timed_priming()
     start = time.perf_counter()
     with record_decisions() as decided:
-        report = case.warmup()
+        report = case.warmup(whole=whole)
     row = {"warmup_s": time.perf_counter() - start, "xla_primes": [p for p in primes if p["primed"]],
            "keys": len(report), "winners": sorted({e.winner for e in report}),
            "program_check": str(report.program) if report.program else "",
@@ -183,7 +186,8 @@ def run_variant(args) -> dict:
     if getattr(args, "key_threads", None):
         importlib.import_module("jax_autotune.warmup").KEY_THREADS = row["key_threads"] = args.key_threads
     if args.variant not in UNTUNED:
-        row.update(timed_warmup(case))
+        whole = getattr(args, "warm_whole_step", False)
+        row.update(timed_warmup(case, whole), **({"warm_whole_step": True} if whole else {}))
     before = jat.stats()
     state, value, row["first_step_s"] = timed_step(case, case.state)
     row["tuned_in_first_step"] = jat.stats()["tuned"] - before["tuned"]
@@ -247,6 +251,8 @@ def main() -> None:
                         help="also run each tuned step in turns with the plain step in its process")
     parser.add_argument("--beside-layers", action="store_true",
                         help="also run the autotune step in turns with layers' (hand placement) in its process")
+    parser.add_argument("--warm-whole-step", action="store_true",
+                        help="warm up a training model's whole jitted step (optimizer too), not its loss with grad=True")
     parser.add_argument("--key-threads", type=int, default=None,
                         help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
     parser.add_argument("--keep-stores", default=None, metavar="DIR",
@@ -260,6 +266,7 @@ def main() -> None:
     options += [f"--key-threads={args.key_threads}"] if args.key_threads else []
     options += ["--beside-plain"] if args.beside_plain else []
     options += ["--beside-layers"] if args.beside_layers else []
+    options += ["--warm-whole-step"] if args.warm_whole_step else []
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):
@@ -273,7 +280,7 @@ def main() -> None:
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
                 rows.append({"model": model, "variant": variant, "size": args.size, "param_dtype": args.param_dtype,
                              "error": f"{type(err).__name__}: {err}"[-2000:]})
-            print(json.dumps(rows[-1]), flush=True)
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tuning_cost"}), flush=True)
     import jax
     command = "python benchmarks/model_step.py " + " ".join(sys.argv[1:])
     sizes = {model: sizes_of(model, args.size, args.decode_batch) for model in args.models.split(",")}

@@ -33,6 +33,8 @@ class Case:
     (``case.warmup()``), then ``state, value = step(state, inputs)`` again and again;
     ``value`` is the loss, or for ``decode`` the mean logsumexp of the new tokens' logits
     (finite iff the logits are). ``donate``: the positions of ``args`` the step donates.
+    ``whole``: a training model's jitted step ``whole(params, opt_state, batch)`` (the
+    optimizer in it), for ``case.warmup(whole=True)``; None where ``fn`` is the step already.
 
         >>> state, loss = case.step(case.state, case.inputs)
     """
@@ -44,9 +46,13 @@ class Case:
     state: Any
     inputs: Any
     donate: tuple = ()
+    whole: Callable | None = None
 
-    def warmup(self, **options):
-        """``jat.warmup`` of ``fn`` as ``step`` runs it; ``options``: warmup's others."""
+    def warmup(self, whole: bool = False, **options):
+        """``jat.warmup`` of ``fn`` as ``step`` runs it, or with ``whole`` of the whole jitted
+        training step (its check then times the optimizer too); ``options``: warmup's others."""
+        if whole and self.whole is not None:
+            return jat.warmup(self.whole, *self.args[:1], self.state[1], *self.args[1:], **options)
         return jat.warmup(self.fn, *self.args, grad=self.grad, donate_argnums=self.donate, **options)
 
 
@@ -66,7 +72,7 @@ def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32
         params, opt_state, value = step(*state, batch)
         return (params, opt_state), value
 
-    return Case(loss, (params, batch), True, train_step, (params, optimizer.init(params)), batch)
+    return Case(loss, (params, batch), True, train_step, (params, optimizer.init(params)), batch, whole=step)
 
 
 def train_parts(model: str, variant: str, sizes: dict):
