@@ -49,7 +49,9 @@ plain in that program (a program whose keys gain nothing measurable runs as writ
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import itertools
 import math
 import statistics
 import threading
@@ -70,6 +72,25 @@ ROUNDS = 7  # timed runs of each program at least, interleaved, after two untime
 TIMED_SECONDS = 1.0  # the timed rounds fill about this much: a short program's median rests on more runs
 MAX_ROUNDS = 100
 MINOR_SHARE = 0.1  # the minor keys claim at most this share of all keys' claims together
+
+# a key of JAX's own caches (``jax.make_user_context``): a trace made within ``fresh_traces``
+# is shared with no other, so a jitted function the target calls traces again per trial
+_FRESH = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
+_fresh_tokens = itertools.count()
+
+
+def fresh_traces():
+    """A context in which JAX's trace and compile caches serve no trace made outside it,
+    and keep none for a call outside it (where this JAX has no user contexts: its caches
+    cleared instead).
+
+        >>> with fresh_traces():
+        ...     lowered = jax.jit(lambda *a: step(*a)).lower(*args)   # step's own jit traces again
+    """
+    if _FRESH is None:
+        jax.clear_caches()
+        return contextlib.nullcontext()
+    return _FRESH(next(_fresh_tokens))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +310,8 @@ class WallClock:
         with self._lowering:
             _leave(self.program_ids, self.tuner, left, persist=False)  # read while it lowers
             try:
-                return jax.jit(lambda *a: self.target(*a), donate_argnums=self.donate).lower(*self.args)
+                with fresh_traces():  # a jitted target kept the trace of another set
+                    return jax.jit(lambda *a: self.target(*a), donate_argnums=self.donate).lower(*self.args)
             finally:  # between lowerings, the program as tuned (never a trial's set)
                 _leave(self.program_ids, self.tuner, frozenset(), persist=False)
 
@@ -359,4 +381,4 @@ def _concrete(args):
     return jax.tree_util.tree_map(leaf, args)
 
 
-__all__ = ["ProgramCheck", "check", "claimed_order", "WallClock", "stored", "MARGIN", "MINOR_SHARE"]
+__all__ = ["ProgramCheck", "check", "claimed_order", "WallClock", "stored", "fresh_traces", "MARGIN", "MINOR_SHARE"]

@@ -215,10 +215,12 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``donate_argnums``: the positions of ``example_args`` your jitted step donates (as
     ``jax.jit``'s): the check times the program donating them, as the step runs it (a
     decode step's KV cache updated in place); it donates copies, never your arrays.
-    A check that changes what a program leaves plain clears JAX's caches
-    (``jax.clear_caches()``), which hold the traces made before it: the function warmed up
-    (or a jitted one it calls) is traced again on its next call, with the check's result;
-    other jitted functions compile again on theirs.
+    Warmup's traces are its own (``program_check.fresh_traces``): a jitted ``fn``, or one it
+    calls, traces again for it and for each of the check's trials, and a later ``jax.jit`` of
+    ``fn`` never gets a trace made before the check. A check that changes what a program
+    leaves plain also clears JAX's caches (``jax.clear_caches()``), so a step jitted before
+    warmup traces again on its next call, with the check's result; other jitted functions
+    compile again on theirs.
     The settings (mode, level, budget, ...) are read once, here (a bad one: ``ConfigError``).
     """
     policy = config.policy()
@@ -235,7 +237,10 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             if not report.entries:
                 _warn_untuned([jax.make_jaxpr(fn)(*example_args) for fn in fns])
             return report
-        with _phase(seconds, "trace"), programs_traced() as program_ids, decisions_seen() as attentions:
+        # fresh: a jitted fn traced before would hide its programs; and its next jit after the
+        # check must not get this trace, made before the check
+        with _phase(seconds, "trace"), programs_traced() as program_ids, decisions_seen() as attentions, \
+                program_check.fresh_traces():
             jaxprs = [jax.make_jaxpr(fn)(*example_args) for fn in fns]
         work = list(dict.fromkeys(pair for jaxpr in jaxprs for pair in matmul_problems(jaxpr)))
     else:
@@ -264,9 +269,8 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
             program = _compared(fns[0], example_args, uses, entries, attentions, program_ids, tuner, clock,
                                 donate)
         if programs.generation() != before:
-            # JAX keeps the traces made above, keyed on the function (and on any jitted one it
-            # calls): the step warmed up whole and then jitted would run as traced before the
-            # check; cleared, its next trace reads what the check kept
+            # a step jitted before this warmup keeps its trace (JAX's caches, keyed on the
+            # function): cleared, its next call traces again and reads what the check kept
             jax.clear_caches()
     return WarmupReport(tuple(entries), program, attention, seconds)
 

@@ -446,7 +446,7 @@ def test_the_report_counts_one_key_as_one_key(fresh_tuning):
     assert "its 1 key XLA's dot won as written" in str(written) and "keys left plain" not in str(written)
 
 
-@pytest.mark.parametrize("form", ["autotune", "step", "jitted step"])
+@pytest.mark.parametrize("form", ["autotune", "step", "jitted step", "jitted step run before"])
 def test_a_function_warmup_traced_runs_as_its_check_decided_when_jitted_after(fresh_tuning, monkeypatch, form):
     """JAX keeps the traces warmup made (its cache is keyed on the function, and on a jitted
     one it calls): the step a user warms up whole and then jits must still run what the
@@ -459,7 +459,10 @@ def test_a_function_warmup_traced_runs_as_its_check_decided_when_jitted_after(fr
     def step(x, w1, w2, b):
         return tuned(x, w1, w2, b) * 2.0
 
-    fn = {"autotune": tuned, "step": step, "jitted step": jax.jit(step)}[form]
+    fn = {"autotune": tuned, "step": step}.get(form, jax.jit(step))
+    if form == "jitted step run before":  # traced and compiled with its keys bound
+        assert any(e.primitive in (matmul_p, fused_p) for e in equations(jax.make_jaxpr(fn)(X, W1, W2, B)))
+        fn(X, W1, W2, B).block_until_ready()
     report = jat.warmup(fn, X, W1, W2, B)
     assert report.program.source == "xla" and len(report.program.left_plain) == 2
     for traced in (jax.make_jaxpr(fn)(X, W1, W2, B), jax.jit(fn).trace(X, W1, W2, B).jaxpr):
@@ -468,3 +471,21 @@ def test_a_function_warmup_traced_runs_as_its_check_decided_when_jitted_after(fr
         assert sum(e.primitive.name == "dot_general" for e in eqns) == 2
     want = mlp(X, W1, W2, B) * (1.0 if form == "autotune" else 2.0)
     np.testing.assert_allclose(fn(X, W1, W2, B), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_each_trial_of_the_check_lowers_its_own_program_for_a_jitted_step_too(fresh_tuning, jitted):
+    """A jitted step keeps its first trace in JAX's caches: each trial (here every key plain,
+    then none) must still lower the program of its own set, not the first one traced."""
+    tuned = jat.autotune(mlp)
+
+    def step(x, w1, w2, b):
+        return tuned(x, w1, w2, b) * 2.0
+
+    target = jax.jit(step) if jitted else step
+    with programs_traced() as seen:
+        keys = frozenset(keys_of(target, X, W1, W2, B))
+    clock = program_check.WallClock(target, (X, W1, W2, B), seen, tuner_for("cpu"), keys)
+    plain, bound = (clock._lowered(left).as_text() for left in (keys, frozenset()))
+    assert plain != bound
+    assert plain == clock._lowered(keys).as_text()  # and again, the same set: the same program
