@@ -52,7 +52,7 @@ class Case:
         """``jat.warmup`` of ``fn`` as ``step`` runs it, or with ``whole`` of the whole jitted
         training step (its check then times the optimizer too); ``options``: warmup's others."""
         if whole and self.whole is not None:
-            return jat.warmup(self.whole, *self.args[:1], self.state[1], *self.args[1:], **options)
+            return jat.warmup(self.whole, *self.state, self.inputs, **options)  # (params, opt_state), batch
         return jat.warmup(self.fn, *self.args, grad=self.grad, donate_argnums=self.donate, **options)
 
 

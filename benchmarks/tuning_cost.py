@@ -55,7 +55,7 @@ def store_keys(folder: str) -> list[dict]:
 
 
 def from_results(path: str) -> dict[str, list[dict]]:
-    """``model_step.py`` results: ``model_variant`` -> its row's ``tuning_cost``."""
+    """``model_step.py`` results: ``"PATH: model variant"`` -> that row's ``tuning_cost``."""
     with open(path) as f:
         rows = json.load(f)["rows"]
     return {f"{path}: {r['model']} {r['variant']}": r["tuning_cost"] for r in rows if r.get("tuning_cost")}
@@ -147,7 +147,7 @@ def main() -> None:
         if path.endswith(".json"):
             everything.update(from_results(path))
     for db in stores([p for p in args.paths if not p.endswith(".json")]):
-        everything[db] = [summary(d) for d in decisions(db)]
+        everything[db] = store_keys(db)
     for name, keys in everything.items():
         print(report(name, keys))
     if args.json:
