@@ -402,3 +402,35 @@ def test_a_sample_that_fails_in_turns_leaves_the_rounds_results():
 def test_paired_samples_must_not_be_negative():
     with pytest.raises(ValueError, match="paired_samples"):
         TuningRules(paired_samples=-1)
+
+
+def test_the_budget_counts_the_keys_own_time_not_its_waits_for_the_device():
+    """Each timing waits 100 s for the device held by other work (another key's timing,
+    warmup's plain program compiling): the budget ends tuning where it does without them."""
+    clock, waits = FakeClock(), [0.0]
+    timer = FakeTimer({"xla_dot": [4.0], "a": [1.0], "b": [0.01]})
+    timer.clock = clock
+    original = timer.prepare
+
+    def waiting_prepare(candidate, problem, args):
+        measurement = original(candidate, problem, args)
+        sample = measurement.sample
+
+        def waited_sample(*a, **k):
+            clock.advance(100.0)
+            waits[0] += 100.0
+            return sample(*a, **k)
+
+        measurement.sample = waited_sample
+        return measurement
+
+    timer.prepare = waiting_prepare
+    b = KeyBenchmark(PROBLEM, (None, None), REFERENCE, timer, limit=None,
+                     rules=TuningRules(cost_skip_ratio=None), clock=clock, budget_seconds=19.5,
+                     waited=lambda: waits[0])
+    b.run_round(BASE, [fake_candidate("a", cost=1), fake_candidate("b", cost=2)])
+    # as in test_the_budget_ends_tuning_with_the_best_so_far, though the clock ran past
+    # the budget at the first wait
+    assert b.finished and b.finish_reason == "budget"
+    assert b.results["a"].outcome == "ok" and b.results["b"].outcome == "skipped"
+    assert b.winner() == "a"

@@ -52,10 +52,10 @@ def test_a_waiting_exclusive_holder_goes_before_new_shared_ones():
     late.join()
 
 
-def test_each_thread_counts_its_own_waits_for_the_lock():
+def test_each_thread_counts_only_the_time_it_was_kept_waiting():
     ticks = iter(range(0, 1000, 5))
-    lock = DeviceLock(clock=lambda: next(ticks))  # every wait lasts 5 ticks
-    with lock.shared():
+    lock = DeviceLock(clock=lambda: next(ticks))  # a wait lasts 5 ticks
+    with lock.shared():  # nothing holds it: no wait, nothing counted
         pass
     with lock.exclusive():
         pass
@@ -63,13 +63,16 @@ def test_each_thread_counts_its_own_waits_for_the_lock():
 
     def in_another_thread():
         other.append(lock.waited_seconds())
-        with lock.shared():
+        with lock.exclusive():  # kept waiting by the shared hold below
             other.append(lock.waited_seconds())
 
-    thread = threading.Thread(target=in_another_thread)
-    thread.start()
+    with lock.shared():
+        thread = threading.Thread(target=in_another_thread)
+        thread.start()
+        while not lock._waiting:  # the exclusive holder is queued
+            threading.Event().wait(0.001)
     thread.join()
-    assert lock.waited_seconds() == 10 and other == [0.0, 5]
+    assert lock.waited_seconds() == 0.0 and other == [0.0, 5]
 
 
 def test_a_compile_records_the_time_it_waited_for_the_device():

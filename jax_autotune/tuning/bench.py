@@ -23,7 +23,8 @@ For each round of the plan (see ``plan``), with XLA's dot as the baseline:
    of the round (a library GEMM can still beat XLA's dot near the roofline, and
    measuring one costs milliseconds);
 6. the per-key budget ends tuning with the best so far (the rest ``skipped``); XLA's dot
-   is measured even past it, so every decision rests on a measurement.
+   is measured even past it, so every decision rests on a measurement. The budget counts
+   the key's own time: its thread's waits for the device lock (``DEVICE_LOCK``) are not in it.
 
 The winner is the eligible candidate (outcome ``ok``, not pruned) with the lowest
 SCORE, the median of its kept samples; it replaces XLA's dot only when it is faster by
@@ -152,11 +153,16 @@ class KeyBenchmark:
     def __init__(self, problem: MatmulProblem, inputs: tuple[Any, ...], reference,
                  timer: Timer, *, limit: float | None, rules: TuningRules = DEFAULT_RULES,
                  clock: Callable[[], float] = time.perf_counter, budget_seconds: float = math.inf,
-                 platform: str = "gpu", compiles: CompileQueue | None = None):
+                 platform: str = "gpu", compiles: CompileQueue | None = None,
+                 waited: Callable[[], float] = DEVICE_LOCK.waited_seconds):
         self.problem, self.inputs, self.reference = problem, inputs, reference
         self.platform = platform
         self.timer, self.limit, self.rules, self.clock = timer, limit, rules, clock
         self.deadline = clock() + budget_seconds
+        # the budget is the key's own time: waiting for the device while other work holds
+        # it (another key's timing, warmup's plain program compiling) does not spend it, so
+        # how many keys tune at once never changes what a key measures
+        self._waited, self._waited_before = waited, waited()
         self.results: dict[str, CandidateResult] = {}
         self.finished = False  # short-circuit or budget: no more rounds
         self.finish_reason = ""
@@ -219,7 +225,7 @@ class KeyBenchmark:
         roofline), the budget stops everything."""
         if not self.finished:
             return False
-        return not (candidate.quick_compile and self.short_circuited and self.clock() <= self.deadline)
+        return not (candidate.quick_compile and self.short_circuited and not self._past_budget())
 
     def _run_stage(self, stage: Sequence[Candidate], label: str) -> None:
         if not stage:
@@ -238,7 +244,7 @@ class KeyBenchmark:
         for index, candidate in enumerate(stage):
             # the budget never skips XLA's dot: every decision rests on at least its timing
             measured_anyway = candidate.name == self._baseline and candidate.name not in self.results
-            if not self.finished and self.clock() > self.deadline and not measured_anyway:
+            if not self.finished and self._past_budget() and not measured_anyway:
                 self._finish("budget")
             if self._stopped(candidate) and not measured_anyway:
                 self._record(candidate.name, Outcome.SKIPPED, label, error=self.finish_reason)
@@ -356,7 +362,7 @@ class KeyBenchmark:
                         break
                     if statistics.median(kept) <= min(kept) * (1 + rules.stable_spread):
                         break
-                if self.clock() > self.deadline:
+                if self._past_budget():
                     self._finish("budget")
                     break
         except Exception as err:  # noqa: BLE001
@@ -366,6 +372,9 @@ class KeyBenchmark:
         self._record(candidate.name, Outcome.OK, label, samples=kept,
                      score=statistics.median(kept) if kept else None, pruned=pruned,
                      rel_error=verdict.rel_error)
+
+    def _past_budget(self) -> bool:
+        return self.clock() - (self._waited() - self._waited_before) > self.deadline
 
     def _survivors(self) -> int:
         return sum(1 for r in self.results.values() if r.eligible)

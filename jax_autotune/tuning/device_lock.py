@@ -41,6 +41,8 @@ class DeviceLock:
         return getattr(self._waited, "seconds", 0.0)
 
     def _wait_for(self, ready) -> None:  # with self._cond held
+        if ready():  # no wait: nothing counted, so a thread that never waited reads exactly 0
+            return
         start = self._clock()
         self._cond.wait_for(ready)
         self._waited.seconds = self.waited_seconds() + self._clock() - start
