@@ -5,7 +5,8 @@
 For each model and variant (``benchmarks/step_models.py``): warm up (the tuned variants,
 ``compare=False``: the program as its keys were decided, before warmup's whole-program
 check; ``--checked``: after it, the program the step runs), run three steps, then one step
-under CUPTI (``jax.experimental.mosaic.gpu.profiler``, every kernel's device time). Kernels are put in classes by name: ``gemm`` (cuBLAS, cuBLASLt,
+(``--programs value_and_grad``: the loss's value and gradient alone, the program warmup's check
+of ``loss`` with ``grad=True`` times, so that a step's cost outside it shows) under CUPTI (``jax.experimental.mosaic.gpu.profiler``, every kernel's device time). Kernels are put in classes by name: ``gemm`` (cuBLAS, cuBLASLt,
 XLA's Triton GEMM fusions, our Pallas and Mosaic GEMMs), ``layout`` (transposes and copies),
 ``convert``, ``reduction`` and ``elementwise`` (every other fusion). The report gives each
 class's total and count per variant and the difference, and the largest kernels. GPU only.
@@ -35,8 +36,10 @@ def kernel_class(name: str) -> str:
     return next((label for label, parts in CLASSES if any(p in lowered for p in parts)), "elementwise")
 
 
-def profile(model: str, variant: str, size: str, param_dtype: str, checked: bool = False) -> dict:
-    """{class: [ms, count]}, the top kernels and the step's summed device ms."""
+def profile(model: str, variant: str, size: str, param_dtype: str, checked: bool = False,
+            program: str = "step") -> dict:
+    """{class: [ms, count]}, the top kernels and the summed device ms of the step, or with
+    ``program="value_and_grad"`` of the loss's value and gradient alone (its variant labelled so)."""
     import jax
     from jax.experimental.mosaic.gpu import profiler
 
@@ -46,11 +49,14 @@ def profile(model: str, variant: str, size: str, param_dtype: str, checked: bool
     case = make_case(model, variant, sizes_of(model, size), param_dtype)
     if variant != "plain":
         case.warmup(compare=checked)
-    state = case.state
+    if program == "value_and_grad":
+        run, operands = jax.jit(jax.value_and_grad(case.fn)), case.args
+        variant = f"{variant} value_and_grad"
+    else:
+        run, operands = case.step, (case.state, case.inputs)
     for _ in range(3):
-        state, value = case.step(state, case.inputs)
-    jax.block_until_ready(value)
-    _, kernels = profiler.measure(case.step, aggregate=False)(state, case.inputs)
+        jax.block_until_ready(run(*operands))
+    _, kernels = profiler.measure(run, aggregate=False)(*operands)
     classes: dict = collections.defaultdict(lambda: [0.0, 0])
     for name, ms in kernels:
         entry = classes[kernel_class(name)]
@@ -99,11 +105,13 @@ def main() -> None:
     parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--checked", action="store_true",
                         help="profile the tuned program after warmup's whole-program check (what the step runs)")
+    parser.add_argument("--programs", default="step", choices=("step", "value_and_grad", "step,value_and_grad"),
+                        help="what is profiled: the training step, the loss's value and gradient alone, or both")
     args = parser.parse_args()
     import jax
 
-    rows = [profile(m, v, args.size, args.param_dtype, args.checked)
-            for m in args.models.split(",") for v in args.variants.split(",")]
+    rows = [profile(m, v, args.size, args.param_dtype, args.checked, program)
+            for m in args.models.split(",") for v in args.variants.split(",") for program in args.programs.split(",")]
     stamp = datetime.date.today().isoformat()
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/step_profile.py " + " ".join(sys.argv[1:])
