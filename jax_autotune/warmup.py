@@ -201,6 +201,7 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
         >>> jat.warmup([jat.MatmulProblem(1, 64, 32, 48, "bfloat16", "bfloat16", "float32")])
         >>> jat.warmup(jat.autotune(loss_fn), params, batch, grad=True)
         >>> jat.warmup(jat.autotune(decode), params, cache, tokens, pos, donate_argnums=1)
+        >>> jat.warmup(train_step, params, opt_state, batch)  # jits jat.autotune(loss), optimizer and all
 
     ``grad=True``: the keys of the training step (value and gradient) only, not those of
     ``fn`` run alone. A ``fn`` whose matmuls a compile would not tune (plain ``jnp``/``lax`` ones) gives a
@@ -210,8 +211,10 @@ def warmup(shapes_or_fn, *example_args, dtype: Any = "float32", precision=None,
     ``compare``: for a ``jat.autotune`` function, time the whole program (``fn``, or with
     ``grad=True`` its value and gradient) tuned against plain, and leave the dots of the keys
     that make it slower to lax in that program (``program_check``; ``report.program``); so
-    pass the function your step jits, whole (a decode step with its sampling in it): a ``fn``
-    that returns logits the step reduces is another program.
+    pass the function your step jits, whole (a decode step with its sampling in it; for
+    training the whole step, its optimizer in it, since ``grad=True`` checks the value and
+    gradient alone and does not see what the step costs around the update): a ``fn`` that
+    returns logits the step reduces is another program.
     ``donate_argnums``: the positions of ``example_args`` your jitted step donates (as
     ``jax.jit``'s): the check times the program donating them, as the step runs it (a
     decode step's KV cache updated in place); it donates copies, never your arrays.
