@@ -51,7 +51,12 @@ def store_keys(folder: str) -> list[dict]:
         >>> [k["winner"] for k in store_keys("/tmp/stores/gpt2_autotune_k2x9")]
         ['xla_dot', 'cublaslt_algo0', ...]
     """
-    return [summary(d) for db in stores([folder]) for d in decisions(db)]
+    return [key for db in stores([folder]) for key in db_keys(db)]
+
+
+def db_keys(db: str) -> list[dict]:
+    """Each tuned key's ``summary`` in the store file ``db``."""
+    return [summary(d) for d in decisions(db)]
 
 
 def from_results(path: str) -> dict[str, list[dict]]:
@@ -147,7 +152,7 @@ def main() -> None:
         if path.endswith(".json"):
             everything.update(from_results(path))
     for db in stores([p for p in args.paths if not p.endswith(".json")]):
-        everything[db] = store_keys(db)
+        everything[db] = db_keys(db)
     for name, keys in everything.items():
         print(report(name, keys))
     if args.json:
