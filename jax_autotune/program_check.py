@@ -6,7 +6,8 @@ folds into its own dot become copies around it, and XLA fuses across a dot what 
 fuse across a custom call. ``warmup(jat.autotune(fn), *args, grad=...)`` therefore ends with
 ``check``: it compiles the whole program (``fn``, or the training step
 ``jax.value_and_grad``) tuned and plain (every dot left to lax), times both, interleaved,
-by the wall clock around each run (what a training loop sees), and unless tuned is faster
+by the wall clock around each run, on arguments that move between runs as a loop's do
+(what a training loop sees), and unless tuned is faster
 than plain by at least ``MARGIN`` it finds the keys that cost it and leaves their dots
 plain in that program (a program whose keys gain nothing measurable runs as written):
 
@@ -56,12 +57,14 @@ import math
 import statistics
 import threading
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from jax_autotune.dtypes import is_floating
+from jax_autotune.errors import JaxAutotuneWarning
 from jax_autotune.key import MatmulKey
 from jax_autotune.tuning import programs
 from jax_autotune.tuning.device_lock import DEVICE_LOCK
@@ -265,7 +268,9 @@ class WallClock:
     or ``close()`` it. Every program donates the arguments at positions ``donate``, as
     the user's jitted step does (a decode step's cache, updated in place, not written
     anew): each run gets fresh copies of them, made before its timing, so no array of
-    the caller's is ever donated.
+    the caller's is ever donated. The other arguments move between runs, as in a loop
+    that feeds each step's outputs to the next and a new batch each step: a program's
+    runs alternate between the arguments and one copy of them (``_arguments``).
 
         >>> clock = WallClock(step, args, program_ids, tuner, frozenset(keys))
         >>> clock.start_plain()                       # then tune the keys meanwhile
@@ -282,6 +287,8 @@ class WallClock:
         self.plain_compile: tuple[float, float] | None = None  # start_plain's (seconds, device wait)
         self._lowering = threading.Lock()  # one lowering at a time: each reads its set from ``programs``
         self._timed: dict[frozenset, tuple[float, float]] = {}
+        self._moved: tuple | None = None  # the arguments' copy, made at the first run
+        self._turns: dict[int, int] = {}  # id(program): its runs so far
 
     def start_plain(self) -> None:
         """Lower and compile the plain program on a thread; ``_time`` takes it from there.
@@ -302,9 +309,11 @@ class WallClock:
         pool.shutdown(wait=False)  # returns at once; the thread runs on
 
     def close(self) -> None:
-        """Wait for a plain compile ``start_plain`` began (a check that compiles nothing)."""
+        """Wait for a plain compile ``start_plain`` began (a check that compiles nothing);
+        free the arguments' copy."""
         if self._plain_future is not None:
             self._plain_future.exception()
+        self._moved = None
 
     def _lowered(self, left: frozenset):
         with self._lowering:
@@ -352,14 +361,52 @@ class WallClock:
             self._timed[left] = statistics.median(seconds), plain
 
     def _run(self, program) -> float:
-        """Wall seconds of one run of ``program``, waited for; the donated arguments copied
-        first, outside the timing."""
-        args = list(self.args)
-        for position in self.donate:
-            args[position] = jax.block_until_ready(jax.tree_util.tree_map(_copy, args[position]))
+        """Wall seconds of one run of ``program``, waited for; its arguments made first,
+        outside the timing."""
+        args, moved = self._arguments(program)
         start = time.perf_counter()
-        jax.block_until_ready(program(*args))
+        try:
+            jax.block_until_ready(program(*args))
+        except Exception as error:  # noqa: BLE001 - out of device memory beside the copy, say
+            if not moved:
+                raise
+            self._stay(error)
+            return self._run(program)
         return time.perf_counter() - start
+
+    def _arguments(self, program) -> tuple[list, bool]:
+        """The arguments of ``program``'s next run, and whether they are the copy: the donated
+        ones fresh copies, the others the caller's arrays and a copy of them in turns. A training loop that does not donate
+        gives its step arrays at new addresses every step (the last step's outputs, a new
+        batch), and XLA:GPU updates a program's CUDA graphs for every buffer that moved
+        before it runs it, a cost runs on the same buffers never show. Where there is no
+        memory for the copy, every run takes the caller's arrays."""
+        turn = self._turns[id(program)] = self._turns.get(id(program), -1) + 1
+        if turn % 2 and self._moved is None:
+            self._moved = self._copied()
+        moved = bool(turn % 2) and self._moved is not self.args
+        args = list(self._moved if moved else self.args)
+        for position in self.donate:
+            args[position] = jax.block_until_ready(jax.tree_util.tree_map(_copy, self.args[position]))
+        return args, moved
+
+    def _copied(self) -> tuple:
+        """A copy of the arguments but the donated ones (each run copies those anyway)."""
+        try:
+            return tuple(arg if position in self.donate else
+                         jax.block_until_ready(jax.tree_util.tree_map(_copy, arg))
+                         for position, arg in enumerate(self.args))
+        except Exception as error:  # noqa: BLE001 - out of device memory, say: time as before
+            return self._stay(error)
+
+    def _stay(self, error: Exception) -> tuple:
+        """Every later run on the caller's arrays (the copy freed), with a warning."""
+        self._moved = self.args
+        warnings.warn(f"jax_autotune: the program check found no memory for a copy of the "
+                      f"arguments ({type(error).__name__}: {error}); it times every run on the "
+                      f"same buffers, which a loop that feeds its outputs back does not",
+                      JaxAutotuneWarning, stacklevel=3)
+        return self.args
 
 
 def _copy(leaf):

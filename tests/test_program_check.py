@@ -489,3 +489,72 @@ def test_each_trial_of_the_check_lowers_its_own_program_for_a_jitted_step_too(fr
     plain, bound = (clock._lowered(left).as_text() for left in (keys, frozenset()))
     assert plain != bound
     assert plain == clock._lowered(keys).as_text()  # and again, the same set: the same program
+
+
+def pointers(tree):
+    return [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree)]
+
+
+class Recording:
+    """A stand-in program: keeps its arguments' buffer addresses and values per run."""
+
+    def __init__(self):
+        self.addresses, self.values = [], []
+
+    def __call__(self, *args):
+        self.addresses.append(pointers(args))
+        self.values.append([np.asarray(leaf) for leaf in jax.tree.leaves(args)])
+        return jnp.zeros(())
+
+
+def test_the_wall_clock_moves_the_arguments_between_runs_as_a_loop_feeding_its_outputs_back(fresh_tuning):
+    cache, params = rand(4, 24, 48), {"w": rand(5, 40, 48), "b": rand(6, 48)}
+    clock = program_check.WallClock(cached_step, (cache, X, params), set(), tuner_for("cpu"), frozenset(),
+                                    donate=(0,))
+    first, second = Recording(), Recording()
+    for _ in range(3):  # two programs in turns: each alternates on its own
+        clock._run(first)
+        clock._run(second)
+    callers = pointers((X, params))
+    for program in (first, second):
+        undonated = [run[1:] for run in program.addresses]
+        assert undonated[0] == callers and undonated[2] == callers  # the caller's arrays, then a copy
+        assert not set(undonated[1]) & set(callers)
+        assert all(run[0] not in (cache.unsafe_buffer_pointer(), *callers) for run in program.addresses)
+        want = [np.asarray(leaf) for leaf in jax.tree.leaves((cache, X, params))]
+        for values in program.values:  # the same values every run
+            for got, expected in zip(values, want):
+                np.testing.assert_array_equal(got, expected)
+    assert first.addresses[1][1:] == second.addresses[1][1:]  # one copy, shared
+    assert not cache.is_deleted()
+    clock.close()
+    assert clock._moved is None
+
+
+def test_with_no_memory_for_the_copy_the_wall_clock_warns_and_times_on_the_callers_arrays(
+        fresh_tuning, monkeypatch):
+    clock = program_check.WallClock(mlp, (X, W1, W2, B), set(), tuner_for("cpu"), frozenset())
+    monkeypatch.setattr(program_check, "_copy", lambda leaf: (_ for _ in ()).throw(
+        RuntimeError("RESOURCE_EXHAUSTED: out of memory")))
+    program = Recording()
+    with pytest.warns(jat.JaxAutotuneWarning, match="no memory for a copy of the arguments"):
+        for _ in range(3):
+            clock._run(program)
+    assert program.addresses == [pointers((X, W1, W2, B))] * 3
+
+
+def test_a_run_that_fails_on_the_copy_warns_and_runs_again_on_the_callers_arrays(fresh_tuning):
+    clock = program_check.WallClock(mlp, (X, W1, W2, B), set(), tuner_for("cpu"), frozenset())
+    callers, seen = pointers((X, W1, W2, B)), []
+
+    def program(*args):  # out of memory beside the copy: only on arguments that are not the caller's
+        seen.append(pointers(args))
+        if seen[-1] != callers:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+        return jnp.zeros(())
+
+    clock._run(program)
+    with pytest.warns(jat.JaxAutotuneWarning, match="no memory for a copy"):
+        assert clock._run(program) > 0
+    clock._run(program)
+    assert seen[0] == seen[2] == seen[3] == callers and seen[1] != callers and clock._moved is clock.args
