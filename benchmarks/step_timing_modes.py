@@ -1,0 +1,125 @@
+"""One training step timed the ways a loop and warmup's program check run it.
+
+    python benchmarks/step_timing_modes.py --out benchmarks/results [--model vit] [--variants plain,layers]
+
+The program check (``jax_autotune/program_check.py``) runs a compiled program on the same
+argument buffers each time; a training loop feeds each step's outputs to the next step, so
+its arguments sit at new addresses every step (unless it donates them). Where the two
+disagree on a program's time, the check judges a program the loop does not run. Modes, each
+the median wall ms of ``--steps`` steps in turns across variants, waited for every step:
+
+* ``fixed``: the same arguments every step, the outputs dropped (the check's way);
+* ``fed``: the outputs fed back (``model_step.py``'s way, no donation);
+* ``donated``: fed back through a step jitted with ``donate_argnums=0`` (params and
+  optimizer state donated, as flax and MaxText loops do);
+* ``unsynced``: fed back, ``--steps`` steps dispatched then waited for once (per step).
+
+Run it twice, once with ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` (XLA's CUDA graphs
+off), to see what the command buffers' updates cost each mode. ``--size tiny`` runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def step_fns(case):
+    """(plain step(state), donating step(state)) over ``case``'s (params, opt_state) state."""
+    import jax
+
+    def step(state):
+        params, opt_state, value = case.whole(*state, case.inputs)
+        return (params, opt_state), value
+
+    return jax.jit(step), jax.jit(step, donate_argnums=0)
+
+
+def copied(state):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.block_until_ready(jax.tree.map(lambda x: jnp.array(x, copy=True), state))
+
+
+def timed_modes(cases: dict, steps: int) -> dict:
+    """{variant: {mode: median ms}} with every variant timed in turns per mode."""
+    import jax
+
+    fns = {name: step_fns(case) for name, case in cases.items()}
+    result: dict = {name: {} for name in cases}
+
+    def wall(call) -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(call())
+        return time.perf_counter() - start
+
+    fixed = {name: copied(case.state) for name, case in cases.items()}
+    fed = {name: copied(case.state) for name, case in cases.items()}
+    donated = {name: copied(case.state) for name, case in cases.items()}
+    for name in cases:  # compiles, untimed
+        jax.block_until_ready(fns[name][0](fixed[name]))
+        fed[name] = jax.block_until_ready(fns[name][0](fed[name])[0])
+        donated[name] = jax.block_until_ready(fns[name][1](donated[name])[0])
+    runs: dict = {name: {"fixed": [], "fed": [], "donated": []} for name in cases}
+    for _ in range(steps):
+        for name in cases:
+            plain_step, donating_step = fns[name]
+            runs[name]["fixed"].append(wall(lambda: plain_step(fixed[name])))
+            box = {}
+            runs[name]["fed"].append(wall(lambda: box.setdefault("out", plain_step(fed[name]))))
+            fed[name] = box["out"][0]
+            box = {}
+            runs[name]["donated"].append(wall(lambda: box.setdefault("out", donating_step(donated[name]))))
+            donated[name] = box["out"][0]
+    for name in cases:
+        result[name] = {mode: statistics.median(seconds) * 1e3 for mode, seconds in runs[name].items()}
+        state, start = fed[name], time.perf_counter()
+        for _ in range(steps):
+            state, value = fns[name][0](state)
+        jax.block_until_ready((state, value))
+        result[name]["unsynced"] = (time.perf_counter() - start) / steps * 1e3
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--model", default="vit")
+    parser.add_argument("--variants", default="plain,layers")
+    parser.add_argument("--size", default="real")
+    parser.add_argument("--param-dtype", default="bfloat16")
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+
+    import jax
+
+    from model_step import sizes_of
+    from step_models import make_case
+
+    cases = {}
+    for variant in args.variants.split(","):
+        cases[variant] = make_case(args.model, variant, sizes_of(args.model, args.size), args.param_dtype)
+        if variant != "plain":
+            cases[variant].warmup()
+    result = timed_modes(cases, args.steps)
+    flags = os.environ.get("XLA_FLAGS", "")
+    row = {"model": args.model, "size": args.size, "xla_flags": flags, "device": str(jax.devices()[0].device_kind),
+           "jax": jax.__version__, "ms": result}
+    os.makedirs(args.out, exist_ok=True)
+    tag = "no_command_buffers" if "enable_command_buffer=" in flags and "enable_command_buffer=FUSION" not in flags else "default"
+    path = os.path.join(args.out, f"step_timing_modes_{datetime.date.today()}_{args.model}_{tag}.json")
+    with open(path, "w") as f:
+        json.dump(row, f, indent=1)
+    print(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
