@@ -47,7 +47,9 @@ Each tuned variant's process then also builds the plain step and runs the two in
 ``beside_ms``, come from one process and one stretch of time, the table's "in turns" ratio;
 ``--beside-layers`` adds ``layers``' step to an ``autotune`` process's turns (``beside_layers_ms``).
 ``--warm-whole-step`` warms up a training model's whole jitted step (its optimizer in the
-program check's timing) instead of its loss with ``grad=True``.
+program check's timing) instead of its loss with ``grad=True``. ``--donate-state``: every
+training step donates its parameters and optimizer state (its whole-step warmup passes
+``donate_argnums=(0, 1)``), as flax's and MaxText's loops do; without it no step donates.
 Each tuned variant's row carries its store's per-key tuning cost (``tuning_cost``, as
 ``benchmarks/tuning_cost.py`` reads it), so the JSON alone says where the warmup went.
 Why: across processes one program measured 0.91-0.94x of itself on the CPU (tiny decode and
@@ -181,13 +183,15 @@ def run_variant(args) -> dict:
     from step_models import make_case
 
     case = make_case(args.model, args.variant, sizes_of(args.model, args.size, args.decode_batch),
-                     args.param_dtype)
+                     args.param_dtype, getattr(args, "donate_state", False))
     row = {"model": args.model, "variant": args.variant, "size": args.size, "param_dtype": args.param_dtype}
     if getattr(args, "key_threads", None):
         importlib.import_module("jax_autotune.warmup").KEY_THREADS = row["key_threads"] = args.key_threads
     if args.variant not in UNTUNED:
         whole = getattr(args, "warm_whole_step", False)
         row.update(timed_warmup(case, whole), **({"warm_whole_step": True} if whole else {}))
+    if getattr(args, "donate_state", False):
+        row["donate_state"] = True
     before = jat.stats()
     state, value, row["first_step_s"] = timed_step(case, case.state)
     row["tuned_in_first_step"] = jat.stats()["tuned"] - before["tuned"]
@@ -221,7 +225,8 @@ def in_turns(args, case, state) -> dict:
     others = ["plain"] + (["layers"] if getattr(args, "beside_layers", False) and args.variant == "autotune" else [])
     cases, states = {"tuned": case}, {"tuned": state}
     for name in others:
-        cases[name] = make_case(args.model, name, sizes_of(args.model, args.size, args.decode_batch), args.param_dtype)
+        cases[name] = make_case(args.model, name, sizes_of(args.model, args.size, args.decode_batch), args.param_dtype,
+                                getattr(args, "donate_state", False))
         if name not in UNTUNED:
             cases[name].warmup()
         states[name] = timed_step(cases[name], cases[name].state)[0]  # its compile
@@ -253,6 +258,8 @@ def main() -> None:
                         help="also run the autotune step in turns with layers' (hand placement) in its process")
     parser.add_argument("--warm-whole-step", action="store_true",
                         help="warm up a training model's whole jitted step (optimizer too), not its loss with grad=True")
+    parser.add_argument("--donate-state", action="store_true",
+                        help="training steps donate their parameters and optimizer state (as flax's and MaxText's loops do)")
     parser.add_argument("--key-threads", type=int, default=None,
                         help="keys a GPU warmup tunes at once (default: the package's KEY_THREADS)")
     parser.add_argument("--keep-stores", default=None, metavar="DIR",
@@ -267,6 +274,7 @@ def main() -> None:
     options += ["--beside-plain"] if args.beside_plain else []
     options += ["--beside-layers"] if args.beside_layers else []
     options += ["--warm-whole-step"] if args.warm_whole_step else []
+    options += ["--donate-state"] if args.donate_state else []
     rows = []
     for model in args.models.split(","):
         for variant in args.variants.split(","):

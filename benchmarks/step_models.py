@@ -34,7 +34,8 @@ class Case:
     ``value`` is the loss, or for ``decode`` the mean logsumexp of the new tokens' logits
     (finite iff the logits are). ``donate``: the positions of ``args`` the step donates.
     ``whole``: a training model's jitted step ``whole(params, opt_state, batch)`` (the
-    optimizer in it), for ``case.warmup(whole=True)``; None where ``fn`` is the step already.
+    optimizer in it), for ``case.warmup(whole=True)``; None where ``fn`` is the step already;
+    ``whole_donate``: the positions of its arguments it donates.
 
         >>> state, loss = case.step(case.state, case.inputs)
     """
@@ -47,24 +48,29 @@ class Case:
     inputs: Any
     donate: tuple = ()
     whole: Callable | None = None
+    whole_donate: tuple = ()
 
     def warmup(self, whole: bool = False, **options):
         """``jat.warmup`` of ``fn`` as ``step`` runs it, or with ``whole`` of the whole jitted
         training step (its check then times the optimizer too); ``options``: warmup's others."""
         if whole and self.whole is not None:
-            return jat.warmup(self.whole, *self.state, self.inputs, **options)  # (params, opt_state), batch
+            return jat.warmup(self.whole, *self.state, self.inputs,  # (params, opt_state), batch
+                              donate_argnums=self.whole_donate, **options)
         return jat.warmup(self.fn, *self.args, grad=self.grad, donate_argnums=self.donate, **options)
 
 
-def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32") -> Case:
+def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32",
+              donate_state: bool = False) -> Case:
     """The ``Case`` of ``model`` (gpt2, llama, vit, decode) in ``variant`` (plain, layers,
-    autotune), its parameters initialized then cast to ``param_dtype``.
+    autotune), its parameters initialized then cast to ``param_dtype``; ``donate_state``: a
+    training step that donates its parameters and optimizer state, as flax's and MaxText's
+    loops do (the decode step donates its cache either way).
 
         >>> make_case("gpt2", "layers", dict(layers=2, d=64, heads=4, vocab=1003, batch=2, seq=32))
     """
     if model == "decode":
         return decode_case(variant, sizes, param_dtype)
-    module, loss, optimizer, step = train_parts(model, variant, sizes)
+    module, loss, optimizer, step = train_parts(model, variant, sizes, donate_state)
     batch = example_batch(model, sizes)
     params = cast_params(module.init(jax.random.key(1), batch[0]), param_dtype)
 
@@ -72,12 +78,14 @@ def make_case(model: str, variant: str, sizes: dict, param_dtype: str = "float32
         params, opt_state, value = step(*state, batch)
         return (params, opt_state), value
 
-    return Case(loss, (params, batch), True, train_step, (params, optimizer.init(params)), batch, whole=step)
+    return Case(loss, (params, batch), True, train_step, (params, optimizer.init(params)), batch, whole=step,
+                whole_donate=(0, 1) if donate_state else ())
 
 
-def train_parts(model: str, variant: str, sizes: dict):
+def train_parts(model: str, variant: str, sizes: dict, donate_state: bool = False):
     """(flax module, loss(params, batch), optax optimizer, jitted step(params, opt_state,
-    batch) -> (params, opt_state, loss)) of a training model.
+    batch) -> (params, opt_state, loss)) of a training model; the step donates params and
+    opt_state where ``donate_state``.
 
         >>> module, loss, optimizer, step = train_parts("llama", "plain", sizes)
     """
@@ -93,13 +101,12 @@ def train_parts(model: str, variant: str, sizes: dict):
         loss = jat.autotune(loss)
     optimizer = optax.adamw(3e-4)
 
-    @jax.jit
     def step(params, opt_state, batch):
         value, grads = jax.value_and_grad(loss)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, value
 
-    return module, loss, optimizer, step
+    return module, loss, optimizer, jax.jit(step, donate_argnums=(0, 1) if donate_state else ())
 
 
 def decode_case(variant: str, sizes: dict, param_dtype: str) -> Case:
