@@ -272,3 +272,23 @@ def test_a_matmul_in_context_on_sharded_operands_runs_per_shard_with_its_epilogu
     assert any(d.key == shard.key(config.get("level")) for d in asked)  # the bare per-shard key
     np.testing.assert_allclose(np.asarray(compiled(*args)), np.tanh(x.astype(np.float64) @ w + bias),
                                rtol=2e-5, atol=2e-5)
+
+
+@four_devices
+def test_the_program_checks_copy_of_sharded_arguments_keeps_their_shardings(fresh_tuning, auto_mesh):
+    from jax_autotune import program_check
+    from jax_autotune.autotune import programs_traced
+
+    x, w = operands((64, 48), (48, 40))
+    args = (jax.device_put(x, NamedSharding(auto_mesh, P("x", None))), jax.device_put(w, NamedSharding(auto_mesh, P())))
+    step = jat.autotune(lambda a, b: jnp.tanh(a @ b))
+    with programs_traced() as seen:
+        jax.make_jaxpr(step)(*args)
+    clock = program_check.WallClock(step, args, seen, tuner_for("cpu"), frozenset(), donate=(1,))
+    (tuned, plain), = clock(frozenset())  # compiled for the arguments' shardings, run on both sets
+    assert tuned > 0 and plain > 0
+    moved, donated = clock._moved
+    assert donated is args[1] and moved.sharding == args[0].sharding
+    assert {s.data.unsafe_buffer_pointer() for s in moved.addressable_shards}.isdisjoint(
+        s.data.unsafe_buffer_pointer() for s in args[0].addressable_shards)
+    np.testing.assert_array_equal(np.asarray(moved), np.asarray(args[0]))
