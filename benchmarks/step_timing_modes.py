@@ -2,13 +2,14 @@
 
     python benchmarks/step_timing_modes.py --out benchmarks/results [--model vit] [--variants plain,layers]
 
-The program check (``jax_autotune/program_check.py``) runs a compiled program on the same
-argument buffers each time; a training loop feeds each step's outputs to the next step, so
-its arguments sit at new addresses every step (unless it donates them). Where the two
-disagree on a program's time, the check judges a program the loop does not run. Modes, each
-the median wall ms of ``--steps`` steps in turns across variants, waited for every step:
+A training loop feeds each step's outputs to the next step, so its arguments sit at new
+addresses every step (unless it donates them); warmup's program check
+(``jax_autotune/program_check.py``) ran a compiled program on the same argument buffers each
+time until it alternated them with a copy. Where two ways disagree on a program's time, the
+check judges a program the loop does not run. Modes, each the median wall ms of ``--steps``
+steps in turns across variants, waited for every step but ``unsynced``:
 
-* ``fixed``: the same arguments every step, the outputs dropped (the check's way);
+* ``fixed``: the same arguments every step, the outputs dropped (the check's earlier way);
 * ``fed``: the outputs fed back (``model_step.py``'s way, no donation);
 * ``donated``: fed back through a step jitted with ``donate_argnums=0`` (params and
   optimizer state donated, as flax and MaxText loops do);
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import write_results  # noqa: E402
+
+MODES = ("fixed", "fed", "donated", "unsynced")
 
 
 def step_fns(case):
@@ -111,14 +115,21 @@ def main() -> None:
             cases[variant].warmup()
     result = timed_modes(cases, args.steps)
     flags = os.environ.get("XLA_FLAGS", "")
-    row = {"model": args.model, "size": args.size, "xla_flags": flags, "device": str(jax.devices()[0].device_kind),
-           "jax": jax.__version__, "ms": result}
-    os.makedirs(args.out, exist_ok=True)
-    tag = "no_command_buffers" if "enable_command_buffer=" in flags and "enable_command_buffer=FUSION" not in flags else "default"
-    path = os.path.join(args.out, f"step_timing_modes_{datetime.date.today()}_{args.model}_{tag}.json")
-    with open(path, "w") as f:
-        json.dump(row, f, indent=1)
-    print(json.dumps(row, indent=1))
+    graphs = "off" if "--xla_gpu_enable_command_buffer= " in flags + " " else "XLA's default"
+    command = "python benchmarks/step_timing_modes.py " + " ".join(sys.argv[1:])
+    lines = [f"# One {args.model} step timed four ways on {jax.devices()[0].device_kind}, {datetime.date.today()}", "",
+             f"jax {jax.__version__}; command: `{command}`; XLA_FLAGS `{flags}` (CUDA graphs: {graphs})", "",
+             "| variant | " + " | ".join(f"{mode} ms" for mode in MODES) + " | fed / fixed |",
+             "|---|" + "---|" * (len(MODES) + 1)]
+    for name, ms in result.items():
+        lines.append(f"| {name} | " + " | ".join(f"{ms[mode]:.2f}" for mode in MODES)
+                     + f" | {ms['fed'] / ms['fixed']:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    tag = "default" if graphs == "XLA's default" else "no_command_buffers"
+    write_results(args.out, f"step_timing_modes_{datetime.date.today()}_{args.model}_{tag}", text,
+                  {"model": args.model, "size": args.size, "xla_flags": flags, "command": command,
+                   "device": jax.devices()[0].device_kind, "jax": jax.__version__, "ms": result})
 
 
 if __name__ == "__main__":
