@@ -368,7 +368,7 @@ class WallClock:
         try:
             jax.block_until_ready(program(*args))
         except Exception as error:  # noqa: BLE001 - out of device memory beside the copy, say
-            if not moved:
+            if not moved:  # the caller's arrays: the program's own failure
                 raise
             self._stay(error)
             return self._run(program)
@@ -376,11 +376,12 @@ class WallClock:
 
     def _arguments(self, program) -> tuple[list, bool]:
         """The arguments of ``program``'s next run, and whether they are the copy: the donated
-        ones fresh copies, the others the caller's arrays and a copy of them in turns. A training loop that does not donate
-        gives its step arrays at new addresses every step (the last step's outputs, a new
-        batch), and XLA:GPU updates a program's CUDA graphs for every buffer that moved
-        before it runs it, a cost runs on the same buffers never show. Where there is no
-        memory for the copy, every run takes the caller's arrays."""
+        ones fresh copies, the others the caller's arrays and a copy of them in turns. A
+        training loop that does not donate gives its step arrays at new addresses every step
+        (the last step's outputs, a new batch), and XLA:GPU updates a program's CUDA graphs
+        for every buffer that moved before it runs it, a cost runs on the same buffers never
+        show. Where the copy cannot be made or run (no memory for it), every run takes the
+        caller's arrays."""
         turn = self._turns[id(program)] = self._turns.get(id(program), -1) + 1
         if turn % 2 and self._moved is None:
             self._moved = self._copied()
@@ -402,9 +403,9 @@ class WallClock:
     def _stay(self, error: Exception) -> tuple:
         """Every later run on the caller's arrays (the copy freed), with a warning."""
         self._moved = self.args
-        warnings.warn(f"jax_autotune: the program check found no memory for a copy of the "
-                      f"arguments ({type(error).__name__}: {error}); it times every run on the "
-                      f"same buffers, which a loop that feeds its outputs back does not",
+        warnings.warn(f"jax_autotune: the program check could not run on a copy of the arguments "
+                      f"({type(error).__name__}: {error}); it times every run on the same buffers, "
+                      f"which a loop that feeds its outputs back does not",
                       JaxAutotuneWarning, stacklevel=3)
         return self.args
 
