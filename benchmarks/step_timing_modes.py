@@ -11,7 +11,7 @@ steps in turns across variants, waited for every step but ``unsynced``:
 
 * ``fixed``: the same arguments every step, the outputs dropped (the check's earlier way);
 * ``fed``: the outputs fed back (``model_step.py``'s way, no donation);
-* ``donated``: fed back through a step jitted with ``donate_argnums=0`` (params and
+* ``donated``: fed back through the step jitted with ``donate_argnums=0`` (params and
   optimizer state donated, as flax and MaxText loops do);
 * ``unsynced``: fed back, ``--steps`` steps dispatched then waited for once (per step).
 
@@ -22,6 +22,7 @@ off), to see what the command buffers' updates cost each mode. ``--size tiny`` r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -35,59 +36,41 @@ from report import write_results  # noqa: E402
 MODES = ("fixed", "fed", "donated", "unsynced")
 
 
-def step_fns(case):
-    """(plain step(state), donating step(state)) over ``case``'s (params, opt_state) state."""
+def donating(case):
+    """``case`` with a step that donates its (params, opt_state) state."""
     import jax
 
-    def step(state):
-        params, opt_state, value = case.whole(*state, case.inputs)
-        return (params, opt_state), value
-
-    return jax.jit(step), jax.jit(step, donate_argnums=0)
-
-
-def copied(state):
-    import jax
-    import jax.numpy as jnp
-
-    return jax.block_until_ready(jax.tree.map(lambda x: jnp.array(x, copy=True), state))
+    return dataclasses.replace(case, step=jax.jit(lambda state, batch: case.step(state, batch), donate_argnums=0))
 
 
 def timed_modes(cases: dict, steps: int) -> dict:
-    """{variant: {mode: median ms}} with every variant timed in turns per mode."""
+    """{variant: {mode: median ms}} with every variant timed in turns per mode; each step
+    timed as ``model_step.py`` times it (``timed_step``)."""
     import jax
+    import jax.numpy as jnp
 
-    fns = {name: step_fns(case) for name, case in cases.items()}
-    result: dict = {name: {} for name in cases}
+    from model_step import timed_step
 
-    def wall(call) -> float:
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        return time.perf_counter() - start
+    def copied(state):
+        return jax.block_until_ready(jax.tree.map(lambda x: jnp.array(x, copy=True), state))
 
-    fixed = {name: copied(case.state) for name, case in cases.items()}
-    fed = {name: copied(case.state) for name, case in cases.items()}
-    donated = {name: copied(case.state) for name, case in cases.items()}
-    for name in cases:  # compiles, untimed
-        jax.block_until_ready(fns[name][0](fixed[name]))
-        fed[name] = jax.block_until_ready(fns[name][0](fed[name])[0])
-        donated[name] = jax.block_until_ready(fns[name][1](donated[name])[0])
-    runs: dict = {name: {"fixed": [], "fed": [], "donated": []} for name in cases}
-    for _ in range(steps):
+    ways = {name: {"fixed": case, "fed": case, "donated": donating(case)} for name, case in cases.items()}
+    states = {name: {mode: copied(case.state) for mode in ways[name]} for name, case in cases.items()}
+    runs = {name: {mode: [] for mode in ways[name]} for name in cases}
+    for turn in range(steps + 1):  # the first turn compiles, untimed
         for name in cases:
-            plain_step, donating_step = fns[name]
-            runs[name]["fixed"].append(wall(lambda: plain_step(fixed[name])))
-            box = {}
-            runs[name]["fed"].append(wall(lambda: box.setdefault("out", plain_step(fed[name]))))
-            fed[name] = box["out"][0]
-            box = {}
-            runs[name]["donated"].append(wall(lambda: box.setdefault("out", donating_step(donated[name]))))
-            donated[name] = box["out"][0]
-    for name in cases:
-        result[name] = {mode: statistics.median(seconds) * 1e3 for mode, seconds in runs[name].items()}
-        state, start = fed[name], time.perf_counter()
+            for mode, case in ways[name].items():
+                state, _, seconds = timed_step(case, states[name][mode])
+                if mode != "fixed":  # fixed: the outputs dropped, the same arguments again
+                    states[name][mode] = state
+                if turn:
+                    runs[name][mode].append(seconds)
+    result = {name: {mode: statistics.median(seconds) * 1e3 for mode, seconds in runs[name].items()}
+              for name in cases}
+    for name, case in cases.items():
+        state, start = states[name]["fed"], time.perf_counter()
         for _ in range(steps):
-            state, value = fns[name][0](state)
+            state, value = case.step(state, case.inputs)
         jax.block_until_ready((state, value))
         result[name]["unsynced"] = (time.perf_counter() - start) / steps * 1e3
     return result
